@@ -1,0 +1,59 @@
+# flashedu: `make lab` to learn, `make test` to check everything. Both build .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8888
+# Notebooks in course order, read from the manifest.
+NOTEBOOKS = $(shell $(PYTHON) -c "import tomllib; print(' '.join(c['notebook'] for c in tomllib.load(open('book.toml','rb'))['chapter']))")
+NBVAL = --nbval --nbval-current-env --nbval-sanitize-with .ci/nbval-sanitize.cfg -p no:cacheprovider
+
+.PHONY: install browser lab test test-unit test-notebooks test-browser book bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	@echo "==> creating $(VENV) and installing the pinned CPU environment (requirements.txt)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+	@echo "==> environment ready: $(VENV)"
+
+# Debian's Chromium for the one real-browser test (Playwright drives it; it never downloads a browser).
+browser:
+	@if command -v chromium >/dev/null 2>&1; then echo "==> chromium present: $$(command -v chromium)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "==> installing Debian's chromium for the browser test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "==> no chromium and no root: the browser test will be skipped (apt-get install chromium)"; fi
+
+lab: install
+	@echo "==> JupyterLab on http://$(HOST):$(PORT)/lab (Ctrl-C to stop)"
+	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
+	  --ServerApp.root_dir=$(CURDIR) notebooks/00_memory_hierarchy.ipynb
+
+test: install browser
+	@echo "==> unit tests, notebooks (nbval) and the browser test"
+	$(MAKE) --no-print-directory test-unit test-notebooks test-browser
+
+test-unit: install
+	$(PY) -m pytest tests -m "not browser" -q -p no:cacheprovider
+
+test-notebooks: install
+	$(PY) -m pytest $(NBVAL) $(NOTEBOOKS) -q
+
+test-browser: install
+	$(PY) -m pytest tests -m browser -q -p no:cacheprovider -rs
+
+book: install
+	$(PY) -m flashedu.course book
+
+bench: install
+	$(PY) -m flashedu.bench
+
+clean:
+	rm -rf $(VENV) _build .pytest_cache

@@ -1,0 +1,32 @@
+"""flashedu: FlashAttention, built from scratch.
+
+Every implementation module shares one contract (see `flashedu.registry`):
+
+    forward(q, k, v, *, causal=False, softmax_scale=None, ...) -> (o, lse)
+    backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, ...) -> (dq, dk, dv)
+
+with layout (B, H, N, d). `flashedu.attention` is the autograd-aware torch entry point and
+`flashedu.scaled_dot_product_attention` a drop-in for PyTorch's. Submodules load on first use.
+"""
+from __future__ import annotations
+
+import importlib
+
+from . import _env  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, before triton loads)
+from .registry import IMPLEMENTATIONS
+
+__version__ = "0.1.0"
+__all__ = ["IMPLEMENTATIONS", "attention", "scaled_dot_product_attention", "__version__"]
+
+_API = {"attention", "scaled_dot_product_attention"}
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(".api", __name__), name)
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as e:
+        if e.name == f"{__name__}.{name}":
+            raise AttributeError(f"module 'flashedu' has no attribute {name!r}") from None
+        raise

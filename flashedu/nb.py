@@ -1,0 +1,51 @@
+"""Notebook conveniences: one seed for everything, and showing the package's real source.
+
+Introduced in notebooks/00_memory_hierarchy.ipynb.
+"""
+from __future__ import annotations
+
+import inspect
+import random
+
+import numpy as np
+
+
+def seed_everything(seed: int = 0) -> np.random.Generator:
+    """Seed Python, NumPy and torch (if installed); return a fresh NumPy Generator seeded the same."""
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+    return np.random.default_rng(seed)
+
+
+def source(obj) -> str:
+    """The source text of a function, class or module from flashedu."""
+    return inspect.getsource(obj)
+
+
+def show_source(obj):
+    """Display the source of `obj` with syntax highlighting (plain text outside IPython).
+
+    Notebooks call this instead of copying package code, so the learner reads exactly what the tests cover.
+    """
+    text = source(obj)
+    try:
+        from IPython.display import Code, display
+    except ImportError:  # pragma: no cover
+        print(text)
+        return
+    display(Code(text, language="python"))
+
+
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'; binary units, three significant figures."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
