@@ -2,13 +2,14 @@
 and a comparison that says what went wrong.
 
 Tolerances (absolute, relative) per dtype, used as |actual - expected| <= atol + rtol * |expected|
-against the float64 reference. They were set from measured errors on the test shapes (unit-scale
-random inputs, N <= 512) with headroom of about 10x:
+against the float64 reference. Worst errors measured for `naive` on unit-scale random inputs, N <= 512,
+d <= 64, causal and not (forward / gradients), and the tolerance set from them:
 
-    float64   1e-12 / 1e-12
-    float32   2e-5  / 2e-5    (forward; gradients 5e-5 / 5e-5: they sum N terms)
-    float16   2e-3  / 2e-3    (fp16 storage, fp32 accumulation; gradients 1e-2)
-    bfloat16  1.6e-2 / 1.6e-2 (8-bit mantissa; gradients 3e-2)
+    float64   ~1e-15                        -> 1e-12 / 1e-12
+    float32   7.7e-7 / 2.7e-6               -> 2e-5 / 2e-5 (gradients 5e-5: they sum N terms)
+    float16   1.7e-3 / 2.1e-3 (S, P stored  -> 5e-3 / 5e-3 (gradients 1e-2)
+              in fp16, as a GPU would)
+    bfloat16  (8-bit mantissa, about 8x fp16's rounding) -> 3e-2 / 3e-2 (gradients 5e-2)
 
 On a GPU, fp16/bf16 kernels are also held to flash-attn's rule: error at most twice that of PyTorch's own
 same-precision computation on the same inputs (`flashedu/gpu_check.py`).
@@ -29,14 +30,14 @@ class Tolerance:
 TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(1e-12, 1e-12),
     "float32": Tolerance(2e-5, 2e-5),
-    "float16": Tolerance(2e-3, 2e-3),
-    "bfloat16": Tolerance(1.6e-2, 1.6e-2),
+    "float16": Tolerance(5e-3, 5e-3),
+    "bfloat16": Tolerance(3e-2, 3e-2),
 }
 GRAD_TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(1e-11, 1e-11),
     "float32": Tolerance(5e-5, 5e-5),
     "float16": Tolerance(1e-2, 1e-2),
-    "bfloat16": Tolerance(3e-2, 3e-2),
+    "bfloat16": Tolerance(5e-2, 5e-2),
 }
 
 
@@ -88,7 +89,8 @@ def max_error(actual, expected) -> tuple[float, float]:
     if a.shape != e.shape:
         raise AssertionError(f"shape mismatch: got {a.shape}, expected {e.shape}")
     both_inf = np.isinf(a) & np.isinf(e) & (np.sign(a) == np.sign(e))
-    diff = np.where(both_inf, 0.0, np.abs(a - e))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(both_inf, 0.0, np.abs(a - e))
     if np.isnan(diff).any():
         return float("inf"), float("inf")
     return float(diff.max(initial=0.0)), float((diff / np.maximum(np.abs(e), 1e-30)).max(initial=0.0))
@@ -110,7 +112,8 @@ def assert_close(actual, expected, dtype=None, *, grad: bool = False, name: str 
     finite = np.isfinite(e)
     if (np.isinf(e) & (a != e)).any():
         raise AssertionError(f"{name}: infinities of opposite sign")
-    diff = np.where(finite, np.abs(a - e), 0.0)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(finite, np.abs(a - e), 0.0)
     bound = tol.atol + tol.rtol * np.where(finite, np.abs(e), 0.0)
     bad = diff > bound
     if bad.any():
