@@ -44,6 +44,10 @@ class Report:
     def text(self) -> str:
         return "\n".join(f"{label}: {detail}" for label, _, detail in self.results)
 
+    def _ipython_display_(self) -> None:
+        """Show nothing: the grader already printed its lines. (A trailing `;` does not reliably
+        silence a cell's result under nbval, so the report silences itself.)"""
+
     def __repr__(self) -> str:
         if not self.attempted:
             return f"<{self.name}: not attempted>"
