@@ -34,7 +34,7 @@ browser:
 lab: install
 	@echo "==> JupyterLab on http://$(HOST):$(PORT)/lab (Ctrl-C to stop)"
 	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
-	  --ServerApp.root_dir=$(CURDIR) notebooks/00_memory_hierarchy.ipynb
+	  --ServerApp.root_dir=$(CURDIR) $(firstword $(NOTEBOOKS))
 
 test: install browser
 	@echo "==> unit tests, notebooks (nbval) and the browser test"
