@@ -50,8 +50,8 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
               "standard attention: S and P through HBM"),
         _impl("tiled", "tiled", "numpy", ["float16", "float32", "float64"], ["gqa", "window", "alibi"], "03",
               "FlashAttention tiles and online softmax in NumPy"),
-        _impl("torch_tiled", "torch_tiled", "torch", ["float32", "float64"], ["gqa"], "05",
-              "the tiled algorithm in PyTorch, as a torch.autograd.Function"),
+        _impl("torch_tiled", "torch_tiled", "torch", ["float16", "bfloat16", "float32", "float64"], ["gqa"], "05",
+              "the tiled algorithm in PyTorch ops; differentiable through flashedu.autograd"),
         _impl("triton", "triton_attention", "torch", ["float16", "bfloat16", "float32"], ["gqa", "window", "alibi"],
               "06", "FlashAttention-2 kernels in Triton"),
     ]
