@@ -49,8 +49,16 @@ test-notebooks: install
 test-browser: install
 	$(PY) -m pytest tests -m browser -q -p no:cacheprovider -rs
 
-book: install
-	$(PY) -m flashedu.course book
+# The static course in _build/html (Jupyter Book 1, pinned in requirements-book.txt; MathJax and the widget
+# bundle come from the npm registry and are served locally). BOOK_ARGS=--no-execute renders stored outputs.
+BOOK_STAMP := $(VENV)/.book-installed
+$(BOOK_STAMP): $(STAMP) requirements-book.txt constraints.txt
+	@echo "==> installing the book renderer (requirements-book.txt)"
+	$(PY) -m pip install --quiet -r requirements-book.txt -c constraints.txt
+	@touch $@
+
+book: $(BOOK_STAMP)
+	$(PY) -m flashedu.course book $(BOOK_ARGS)
 
 bench: install
 	$(PY) -m flashedu.bench
