@@ -1,4 +1,16 @@
-"""The grading machinery shared by every chapter's graders."""
+"""The grading machinery shared by every chapter's graders: `Case`, `grade`, `grader`, `solution`.
+
+A chapter's grader builds a list of `Case`s from fresh ragged inputs (seeded only when a test passes
+`seed=`), with the expected answer from the float64 reference, and hands them to `grade`, which calls the
+learner's function on each, prints one line per case (shapes, max error, NaN, infinities, or what it
+raised) with the case's hint when it fails, and returns a `Report`. A stub that raises
+NotImplementedError on the first case is reported as "not attempted yet" and nothing else is printed, so
+the committed notebooks run under nbval with their exercises open. Used from every notebook's exercises
+(first in notebooks/01_naive_attention.ipynb); tested in tests/test_checks_core.py.
+
+Limits: comparisons are elementwise against a tolerance, so an answer that is right only up to a
+permutation fails; a grader that needs another notion of right passes `Case.check`.
+"""
 from __future__ import annotations
 
 import functools
@@ -19,6 +31,7 @@ class Case:
     expected: the right answer (an array, a tuple of arrays, or a number).
     hint: printed when this case fails; names the likely mistake (e.g. "l was not rescaled when m grew").
     check: optional custom comparison (got, expected) -> (ok, detail) replacing the tolerance test.
+    names: optional names of the parts of a tuple answer, e.g. ("o", "lse"), used in the printed line.
     """
 
     label: str
@@ -28,6 +41,7 @@ class Case:
     kwargs: dict = field(default_factory=dict)
     tol: Tolerance = Tolerance(1e-6, 1e-6)
     check: Callable[[Any, Any], tuple[bool, str]] | None = None
+    names: tuple[str, ...] = ()
 
 
 @dataclass
@@ -55,40 +69,56 @@ class Report:
         return f"<{self.name}: {n_ok}/{len(self.results)} cases passed>"
 
 
-def _shape(x) -> str:
-    if isinstance(x, tuple):
-        return " ".join(_shape(t) for t in x)
-    return str(tuple(np.shape(x)))
-
-
-def _compare(got, expected, tol: Tolerance) -> tuple[bool, str]:
-    if isinstance(expected, tuple):
-        if not isinstance(got, tuple) or len(got) != len(expected):
-            return False, f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
-        worst = (True, "")
-        details = []
-        for g, e in zip(got, expected):
-            ok, detail = _compare(g, e, tol)
-            details.append(detail)
-            if not ok and worst[0]:
-                worst = (False, detail)
-        return worst if not worst[0] else (True, "; ".join(details))
-    g = to_numpy(got)
+def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
+    """Elementwise |got - expected| <= atol + rtol |expected|; infinities must match, sign included."""
+    if got is None:
+        return False, "returned None (a missing `return`?)"
+    try:
+        g = to_numpy(got)
+    except (TypeError, ValueError):
+        return False, f"expected an array or a number, got {type(got).__name__}"
     e = to_numpy(expected)
     if g.shape != e.shape:
         return False, f"shape {g.shape}, expected {e.shape}"
     if np.isnan(g).any():
         return False, f"shape={g.shape}  {int(np.isnan(g).sum())} NaN entries"
-    if (np.isinf(g) != np.isinf(e)).any():
-        return False, f"shape={g.shape}  infinities where finite values belong (or the reverse)"
+    g_inf, e_inf = np.isinf(g), np.isinf(e)
+    if (g_inf != e_inf).any():
+        n = int((g_inf != e_inf).sum())
+        return False, f"shape={g.shape}  {n} entries infinite where finite values belong (or the reverse)"
+    if (g_inf & (g != e)).any():
+        return False, f"shape={g.shape}  infinities of the wrong sign (+inf where -inf belongs, or the reverse)"
     abs_err, _ = max_error(g, e)
-    fin = np.isfinite(e)
-    ok = bool(np.all(np.abs(np.where(fin, g - e, 0)) <= tol.atol + tol.rtol * np.abs(np.where(fin, e, 0))))
+    fin = np.isfinite(e)  # matching infinities were checked above
+    ok = bool(np.all(np.abs(g[fin] - e[fin]) <= tol.atol + tol.rtol * np.abs(e[fin])))
     return ok, f"shape={g.shape}  max|diff|={abs_err:.1e}"
+
+
+def _compare(got, expected, tol: Tolerance, names: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """Compare an answer with the expected one; a tuple is compared part by part, each part named."""
+    if not isinstance(expected, tuple):
+        return _compare_array(got, expected, tol)
+    if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+        what = f"{len(got)} results" if isinstance(got, (tuple, list)) else type(got).__name__
+        want = f" ({', '.join(names)})" if names else ""
+        return False, f"expected a tuple of {len(expected)} results{want}, got {what}"
+    parts = [_compare_array(g, e, tol) for g, e in zip(got, expected)]
+    labels = names if len(names) == len(expected) else [f"[{i}]" for i in range(len(expected))]
+    wrong = [f"{n}: {d}" for n, (ok, d) in zip(labels, parts) if not ok]
+    if wrong:
+        return False, "; ".join(wrong)
+    return True, "; ".join(f"{n}: {d}" for n, (_, d) in zip(labels, parts))
+
+
+def _raised(e: Exception) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"raised {type(e).__name__}" + (f": {msg[:160]}" if msg else "")
 
 
 def grade(name: str, fn: Callable, cases: list[Case], *, solution_name: str, out: Callable = print) -> Report:
     """Run `fn` on every case and print one line each. Returns a Report (`.passed`, `.text`)."""
+    if not cases:
+        raise ValueError(f"grade({name!r}): no cases to run")
     results: list[tuple[str, bool, str]] = []
     width = max(len(c.label) for c in cases)
     for i, case in enumerate(cases):
@@ -100,9 +130,10 @@ def grade(name: str, fn: Callable, cases: list[Case], *, solution_name: str, out
                 return Report(name, False, [])
             ok, detail = False, "raised NotImplementedError"
         except Exception as e:  # the learner's bug, reported, not raised
-            ok, detail = False, f"raised {type(e).__name__}: {e}"
+            ok, detail = False, _raised(e)
         else:
-            ok, detail = (case.check or (lambda g, x: _compare(g, x, case.tol)))(got, case.expected)
+            compare = case.check or (lambda g, x: _compare(g, x, case.tol, case.names))
+            ok, detail = compare(got, case.expected)
         if not ok and case.hint:
             detail = f"{detail}  <- {case.hint}"
         results.append((case.label, ok, f"{'ok' if ok else 'WRONG'}  {detail}"))
@@ -114,7 +145,12 @@ def grade(name: str, fn: Callable, cases: list[Case], *, solution_name: str, out
 
 
 def grader(solution_name: str):
-    """Decorate a grader `g(fn, *, seed=None, out=print) -> Report` with the dotted name of its solution."""
+    """Decorate a grader `g(fn, *, seed=None, out=print) -> Report` with the dotted name of its solution
+    (a function in the flashedu package, e.g. "flashedu.tiled.forward")."""
+    module, _, attr = solution_name.rpartition(".")
+    if not module.startswith("flashedu") or not attr.isidentifier():
+        raise ValueError(f"grader: solution_name must be a dotted flashedu function such as "
+                         f"'flashedu.tiled.forward', got {solution_name!r}")
 
     def wrap(g):
         @functools.wraps(g)
@@ -127,12 +163,20 @@ def grader(solution_name: str):
     return wrap
 
 
+def solution_function(g) -> Callable:
+    """The package function that solves the exercise graded by `g` (a grader or a dotted name)."""
+    dotted = g if isinstance(g, str) else getattr(g, "solution_name", None)
+    if dotted is None:
+        raise TypeError(f"solution: expected a grader from flashedu.checks, got {g!r}")
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
 def solution(g) -> None:
-    """Show the package function that solves the exercise graded by `g`."""
+    """Show the package function that solves the exercise graded by `g` (the tests cover exactly this code)."""
     from .. import nb
 
-    module, _, attr = g.solution_name.rpartition(".")
-    nb.show_source(getattr(importlib.import_module(module), attr))
+    nb.show_source(solution_function(g))
 
 
 def rng_for(seed) -> np.random.Generator:
