@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true", help="causal attention")
     p.add_argument("--bwd", action="store_true", help="also time forward + backward")
     p.add_argument("--repeats", type=int, help="timed calls per case (the median is reported)")
-    p.add_argument("--block", type=int, default=128, help="block_m = block_n for the tiled implementations")
+    p.add_argument("--block", type=int, help="block_m = block_n for the tiled implementations (default: theirs)")
     p.add_argument("--max-mem-gib", type=float, help="skip cases predicted to need more (default 60%% of free RAM)")
     p.add_argument("--seed", type=int, help="seed for the inputs (default: fresh)")
     p.add_argument("--cpu", action="store_true", help="the CPU sweep even when a GPU is present")

@@ -41,7 +41,7 @@ from .registry import IMPLEMENTATIONS
 from .testing import assert_close, convert, max_error
 from .traffic import attention_flops
 
-RESULTS = ROOT / "notebooks" / "results"
+RESULTS = Path(os.environ.get("FLASHEDU_RESULTS") or ROOT / "notebooks" / "results")  # where results are read and written
 CPU_IMPLS = ("naive", "tiled", "torch_tiled", "sdpa")
 FULL = dict(N=[1024, 2048, 4096, 8192, 16384], B=1, H=1, d=64, repeats=3)
 QUICK = dict(N=[256, 512], B=1, H=2, d=64, repeats=2)
@@ -86,11 +86,11 @@ class Backend:
     masked_rows: bool = True       # follows flashedu's rule for fully masked rows (o = 0, lse = -inf)
 
 
-def _registry_backend(name: str, block: int) -> Backend:
+def _registry_backend(name: str, block: int | None) -> Backend:
     impl = IMPLEMENTATIONS[name]
     module = impl.module                                   # ImportError here -> reported as unavailable
     params = inspect.signature(module.forward).parameters
-    kw = {b: block for b in ("block_m", "block_n") if b in params}
+    kw = {b: block for b in ("block_m", "block_n") if b in params and block is not None}
 
     def fwd(q, k, v, causal):
         return module.forward(q, k, v, causal=causal, **kw)
@@ -123,7 +123,7 @@ SDPA = Backend("sdpa", "torch", lambda q, k, v, causal: (_sdpa_call(q, k, v, cau
                masked_rows=False)
 
 
-def backends(names, *, block: int = 128) -> tuple[list[Backend], dict[str, str]]:
+def backends(names, *, block: int | None = None) -> tuple[list[Backend], dict[str, str]]:
     """Backends by name (or Backend objects, passed through), and {name: reason} for those that cannot load."""
     found, unavailable = [], {}
     for name in names:
@@ -303,7 +303,7 @@ def _check_all(bks, cfg, rng, log) -> tuple[list[dict], list[Backend]]:
     return correctness, good
 
 
-def run_cpu(*, impls=CPU_IMPLS, quick=False, causal=False, bwd=False, block=128, max_bytes=None, out=None,
+def run_cpu(*, impls=CPU_IMPLS, quick=False, causal=False, bwd=False, block=None, max_bytes=None, out=None,
             seed=None, command="", log=print, **sizes) -> dict:
     """Check, then time the CPU sweep; write JSON to `out` (a path, or None) and return the result dict.
 
