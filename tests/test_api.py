@@ -1,0 +1,161 @@
+"""flashedu.attention and the SDPA drop-in: parity with torch.nn.functional.scaled_dot_product_attention
+(forward and gradients) and with the float64 reference, and every documented refusal."""
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+import flashedu
+from flashedu import api, reference
+from flashedu.testing import assert_close
+
+
+def _leaves(rng, *shapes, dtype=torch.float64):
+    return [torch.from_numpy(rng.standard_normal(s)).to(dtype).requires_grad_() for s in shapes]
+
+
+def _both(rng, shapes, *args, dtype=torch.float64, **kwargs):
+    """Outputs and input gradients of PyTorch's SDPA and flashedu's on the same inputs and the same dO."""
+    results = []
+    for sdpa in (F.scaled_dot_product_attention, flashedu.scaled_dot_product_attention):
+        rng_copy = copy.deepcopy(rng)
+        ts = _leaves(rng_copy, *shapes, dtype=dtype)
+        out = sdpa(*ts, *args, **kwargs)
+        do = torch.from_numpy(rng_copy.standard_normal(tuple(out.shape))).to(dtype)
+        results.append((out, torch.autograd.grad(out, ts, do)))
+    return results
+
+
+def _assert_same(results, dtype="float64"):
+    (o_t, g_t), (o_f, g_f) = results
+    assert o_f.shape == o_t.shape and o_f.dtype == o_t.dtype
+    assert_close(o_f, o_t, dtype, name="output")
+    for name, a, b in zip(("dquery", "dkey", "dvalue"), g_f, g_t):
+        assert_close(a, b, dtype, grad=True, name=name)
+
+
+def test_signature_is_pytorchs():
+    params = inspect.signature(flashedu.scaled_dot_product_attention).parameters
+    assert [(p.name, p.default, p.kind.name) for p in params.values()] == [
+        ("query", inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD"),
+        ("key", inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD"),
+        ("value", inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD"),
+        ("attn_mask", None, "POSITIONAL_OR_KEYWORD"), ("dropout_p", 0.0, "POSITIONAL_OR_KEYWORD"),
+        ("is_causal", False, "POSITIONAL_OR_KEYWORD"), ("scale", None, "KEYWORD_ONLY"),
+        ("enable_gqa", False, "KEYWORD_ONLY")]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("L,S", [(7, 7), (5, 9), (9, 5), (1, 6), (33, 17)])
+def test_sdpa_matches_pytorch_including_top_left_causal(L, S, is_causal, rng):
+    _assert_same(_both(rng, [(2, 3, L, 8), (2, 3, S, 8), (2, 3, S, 8)], is_causal=is_causal))
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 3.0])
+def test_sdpa_scale_matches_pytorch(scale, rng):
+    _assert_same(_both(rng, [(1, 2, 6, 8), (1, 2, 11, 8), (1, 2, 11, 8)], is_causal=True, scale=scale))
+
+
+@pytest.mark.parametrize("H,H_kv", [(4, 2), (6, 1), (3, 3)])
+def test_sdpa_enable_gqa_matches_pytorch(H, H_kv, rng):
+    _assert_same(_both(rng, [(2, H, 9, 8), (2, H_kv, 5, 8), (2, H_kv, 5, 8)], is_causal=True, enable_gqa=True))
+
+
+@pytest.mark.parametrize("shapes", [[(9, 8), (5, 8), (5, 8)], [(3, 7, 8), (3, 4, 8), (3, 4, 8)],
+                                    [(3, 2, 4, 6, 8), (1, 2, 4, 5, 8), (1, 2, 4, 5, 8)],
+                                    [(2, 4, 6, 8), (2, 1, 5, 8), (2, 1, 5, 8)]], ids=str)
+def test_sdpa_batch_dims_and_broadcasting_match_pytorch(shapes, rng):
+    _assert_same(_both(rng, shapes))
+
+
+@pytest.mark.parametrize("variant", [causal_upper_left, causal_lower_right])
+@pytest.mark.parametrize("L,S", [(5, 9), (9, 9), (4, 11)])
+def test_sdpa_causal_bias_objects_match_pytorch(variant, L, S, rng):
+    _assert_same(_both(rng, [(1, 2, L, 8), (1, 2, S, 8), (1, 2, S, 8)], variant(L, S)))
+
+
+def test_causal_lower_right_with_more_queries_than_keys_gives_zero_rows(rng):
+    """PyTorch warns this case may produce NaN; flashedu's answer is the reference's: zero rows, zero gradients."""
+    q, k, v = _leaves(rng, (1, 2, 9, 8), (1, 2, 4, 8), (1, 2, 4, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        mask = causal_lower_right(9, 4)
+    out = flashedu.scaled_dot_product_attention(q, k, v, mask)
+    assert_close(out, reference.forward(q, k, v, causal=True)[0], "float64")
+    out.sum().backward()
+    assert torch.all(out[:, :, :5] == 0) and torch.all(q.grad[:, :, :5] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sdpa_low_precision_error_is_at_most_twice_pytorchs(dtype, rng):
+    """flash-attn's rule: against the float64 reference, no worse than 2x PyTorch's own same-precision error."""
+    (o_t, _), (o_f, _) = _both(rng, [(2, 2, 33, 16), (2, 2, 47, 16), (2, 2, 47, 16)], is_causal=True, dtype=dtype)
+    q, k, v = _leaves(copy.deepcopy(rng), (2, 2, 33, 16), (2, 2, 47, 16), (2, 2, 47, 16), dtype=dtype)
+    o_ref = reference.forward(q, k, v, attn_mask=np.tril(np.ones((33, 47), dtype=bool)))[0]   # top-left causal
+    err_t, err_f = (np.abs(o.detach().double().numpy() - o_ref).max() for o in (o_t, o_f))
+    print(f"{dtype}: max error PyTorch {err_t:.1e}, flashedu {err_f:.1e}")
+    assert o_f.dtype == dtype and err_f <= 2 * err_t + 1e-6
+
+
+def test_attention_matches_reference_and_picks_torch_tiled_on_cpu(make_qkv):
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 17, 29, 16, "float32", H_kv=2, kind="torch"))
+    assert api._auto_impl(q) == "torch_tiled"
+    o = flashedu.attention(q, k, v, causal=True, softmax_scale=0.3)
+    assert_close(o, reference.forward(q, k, v, causal=True, softmax_scale=0.3)[0], "float32")
+    do = torch.randn_like(o)
+    o.backward(do)
+    for t, g in zip((q, k, v), reference.backward(do, q, k, v, causal=True, softmax_scale=0.3)):
+        assert_close(t.grad, g, "float32", grad=True)
+
+
+def test_attention_accepts_any_registered_implementation_but_the_oracle(make_qkv):
+    q, k, v = make_qkv(1, 2, 5, 7, 8, "float64", kind="torch")
+    o_ref = reference.forward(q, k, v, causal=True)[0]
+    for impl in ("auto", "torch_tiled", "naive"):
+        assert_close(flashedu.attention(q, k, v, causal=True, impl=impl), o_ref, "float64")
+    with pytest.raises(ValueError, match="the float64 oracle is flashedu.reference"):
+        flashedu.attention(q, k, v, impl="reference")
+    with pytest.raises(ValueError, match=r"impl must be one of \['auto', "):
+        flashedu.attention(q, k, v, impl="flash3")
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        flashedu.attention(q.numpy(), k, v)
+
+
+def test_unsupported_sdpa_arguments_raise_not_implemented(rng):
+    q, k, v = _leaves(rng, (1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8))
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
+        flashedu.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    for mask in (torch.ones(5, 6, dtype=torch.bool), torch.zeros(1, 2, 5, 6)):
+        with pytest.raises(NotImplementedError, match="attn_mask must be None or a CausalBias"):
+            flashedu.scaled_dot_product_attention(q, k, v, mask)
+    with pytest.raises(NotImplementedError, match="Ev=4"):
+        flashedu.scaled_dot_product_attention(q, k, v[..., :4])
+
+
+def test_sdpa_errors_where_pytorch_errors(rng):
+    q, k, v = _leaves(rng, (1, 4, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8))
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        flashedu.scaled_dot_product_attention(q, k, v)
+    q3 = q[:, :3]
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q3, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match="must be a multiple of key's 2"):
+        flashedu.scaled_dot_product_attention(q3, k, v, enable_gqa=True)
+    for sdpa in (F.scaled_dot_product_attention, flashedu.scaled_dot_product_attention):
+        with pytest.raises(ValueError, match="CausalBias should not be used with"):
+            sdpa(q, k, v, causal_upper_left(5, 6), is_causal=True, enable_gqa=True)
+        with pytest.raises(TypeError):
+            sdpa(q, k, v, None, 0.0, False, 0.5)                   # scale is keyword-only in both
+    with pytest.raises(ValueError, match=r"causal bias for \(L, S\) = \(5, 7\)"):
+        flashedu.scaled_dot_product_attention(q, k, v, causal_lower_right(5, 7), enable_gqa=True)
+    with pytest.raises(TypeError, match="query must be a torch.Tensor"):
+        flashedu.scaled_dot_product_attention(q.detach().numpy(), k, v)
