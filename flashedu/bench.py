@@ -219,7 +219,7 @@ class Progress:
     def step(self, label: str) -> None:
         self.done += 1
         filled = self.width * self.done // max(self.total, 1)
-        end = "\n" if self.done == self.total or not self.stream.isatty() else ""
+        end = "\n" if self.done == self.total else ""       # "\r" redraws the line in terminals and notebooks
         self.stream.write(f"\r[{'#' * filled}{'-' * (self.width - filled)}] {self.done}/{self.total} {label:<32}{end}")
         self.stream.flush()
 

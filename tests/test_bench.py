@@ -136,8 +136,10 @@ def test_progress_bar_counts_to_the_total():
     p = bench.Progress(4, stream=buf, width=8)
     for i in range(4):
         p.step(f"step {i}")
-    lines = buf.getvalue().strip().split("\n")
-    assert lines[-1].startswith("\r[########] 4/4 step 3") and "[##------] 1/4" in lines[0]
+    text = buf.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    frames = text.split("\r")[1:]
+    assert frames[0].startswith("[##------] 1/4 step 0") and frames[-1].startswith("[########] 4/4 step 3")
 
 
 def test_gpu_path_calls_bench_gpu_and_prints_its_table(tmp_path, monkeypatch, capsys):
