@@ -186,18 +186,16 @@ def check(backend: Backend, *, d: int, dtype: str, passes, rng) -> list[dict]:
     return records
 
 
-def _measure(fn, *, repeats: int, trace: bool, budget_s: float = 5.0) -> tuple[float, float, int | None]:
+def _measure(fn, *, repeats: int, trace: bool) -> tuple[float, float, int | None]:
     """(median seconds, fastest seconds, peak extra bytes during the warm-up call or None)."""
     if trace:
         tracemalloc.start()                               # traces only what fn allocates: inputs exist already
-    t0 = time.perf_counter()
     fn()
-    warm = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1] if trace else None
     if trace:
         tracemalloc.stop()
     times = []
-    for _ in range(max(1, min(repeats, int(budget_s / max(warm, 1e-9))))):
+    for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
