@@ -19,10 +19,13 @@ Milakov and Gimelshein 2018, arXiv:1805.02867).
 Backends: gloo on CPU processes, NCCL with one GPU per process (`run(..., backend="nccl", device="cuda")`,
 NVLink multicast kept off with NCCL_NVLS_ENABLE=0). The code path is the same; only the device differs.
 
-Limits: each step computes its block in plain PyTorch ops (the teaching point is the ring, not the kernel);
-a production version would call a FlashAttention kernel per block and overlap it with the transfer, as the
-non-blocking sends here allow. With a causal mask the work is unbalanced: rank r computes r + 1 blocks,
-skipping the rest. Striped or zigzag shard layouts even it out (Brandon et al. 2023, arXiv:2311.09431).
+Limits: each step computes its block in plain PyTorch ops (the teaching point is the ring, not the kernel),
+and the running state is merged on the host by `softmax.merge` itself, so with NCCL every step copies one
+block's (m, l, o) from the GPU; a production version runs a FlashAttention kernel per block and keeps the
+state on the device. The forward overlaps each transfer with the block's compute (non-blocking sends); the
+backward sends after computing. From a script, call `run` under `if __name__ == "__main__":` (processes are
+spawned). With a causal mask the work is unbalanced: with equal shards rank r computes r + 1 blocks and
+skips the rest; striped or zigzag layouts even it out (Brandon et al. 2023, arXiv:2311.09431).
 
 Introduced in notebooks/09_beyond.ipynb.
 """
@@ -253,9 +256,8 @@ class RingResult:
     def world_size(self) -> int:
         return len(self.records)
 
-    def _table(self, key: str, records=None) -> np.ndarray:
-        records = self.records if records is None else records
-        return np.array([[rec[t][key] for rec in records] for t in range(len(records[0]))])
+    def _table(self, key: str) -> np.ndarray:
+        return np.array([[rec[t][key] for rec in self.records] for t in range(len(self.records[0]))])
 
     @property
     def schedule(self) -> np.ndarray:
