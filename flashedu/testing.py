@@ -13,6 +13,8 @@ d <= 64, causal and not (forward / gradients), and the tolerance set from them:
 
 On a GPU, fp16/bf16 kernels are also held to flash-attn's rule: error at most twice that of PyTorch's own
 same-precision computation on the same inputs (`flashedu/gpu_check.py`).
+
+Introduced in notebooks/01_naive_attention.ipynb.
 """
 from __future__ import annotations
 
