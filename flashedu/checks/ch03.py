@@ -10,6 +10,7 @@ from __future__ import annotations
 from .. import reference, traffic
 from ..testing import Tolerance, random_qkv
 from ._core import Case, grade, grader, rng_for
+from .ch01 import _exact  # an exact integer answer, printed in bytes
 
 __all__ = ["tiled_attention", "fa2_hbm_bytes"]
 
@@ -51,14 +52,6 @@ def tiled_attention(fn, *, seed=None, out=print):
         cases.append(Case(label, (q, k, v), (o[0, 0], lse[0, 0]), hint=hint, tol=_F64, names=("o", "lse"),
                           kwargs={"causal": causal, "block_m": block_m, "block_n": block_n}))
     return grade("tiled_attention", fn, cases, solution_name=tiled_attention.solution_name, out=out)
-
-
-def _exact(got, expected):
-    try:
-        ok = int(got) == int(expected)
-    except (TypeError, ValueError):
-        return False, f"expected an int, got {got!r}"
-    return ok, f"{int(got):,} bytes" + ("" if ok else f", expected {int(expected):,}")
 
 
 @grader("flashedu.traffic.flash_forward")
