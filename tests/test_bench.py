@@ -142,22 +142,25 @@ def test_progress_bar_counts_to_the_total():
     assert frames[0].startswith("[##------] 1/4 step 0") and frames[-1].startswith("[########] 4/4 step 3")
 
 
-def test_gpu_path_calls_bench_gpu_and_prints_its_table(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("refused, rc", [([], 0), (["sdpa-cudnn"], 0), (["flashedu-triton"], 1)])
+def test_gpu_path_calls_bench_gpu(refused, rc, tmp_path, monkeypatch, capsys):
     calls = []
-    row = {"impl": "sdpa-flash", "dtype": "float16", "causal": False, "B": 4, "H": 16, "N": 1024, "d": 64,
-           "pass": "fwd", "ms": 1.0, "tflops": 1.0}
 
     def run(quick=False, out=None):
         calls.append((quick, out))
-        return {"meta": {}, "correctness": [{"ok": True}], "timing": [row, {**row, "impl": "flashedu-triton"}]}
+        return {"meta": {}, "timing": [], "refused": [{"impl": i, "dtype": "bfloat16", "d": 64, "causal": False,
+                                                       "detail": "unavailable: no kernel"} for i in refused]}
 
     fake = types.SimpleNamespace(run=run)
     monkeypatch.setitem(sys.modules, "flashedu.bench_gpu", fake)
     monkeypatch.setattr(flashedu, "bench_gpu", fake, raising=False)
     monkeypatch.setattr(cli, "_gpu_name", lambda: "NVIDIA H200")
-    assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == 0
+    assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == rc
     assert calls == [(True, tmp_path / "h200_attention.json")]
-    assert "flashedu-triton" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert all(f"refused {i} bfloat16 d=64" in printed for i in refused)
+    assert f"wrote {tmp_path / 'h200_attention.json'}" in printed
+    assert cli._gpu_out(None, "NVIDIA H100 80GB HBM3") == bench.RESULTS / "h100_80gb_hbm3_attention.json"
 
 
 def test_load_results_reads_every_json(tmp_path):
