@@ -375,9 +375,7 @@ def run_many(world_size: int, problems: list[dict], *, backend: str = "gloo", de
              timeout: float = 120.0) -> list[RingResult]:
     """Like `run`, for several problems (dicts with q, k, v, optional do, and kwargs for `forward`) in one
     launch of the processes, which is what costs time on a CPU."""
-    for p in problems:
-        p.setdefault("do", None)
-        p.setdefault("kwargs", {})
+    problems = [{"do": None, "kwargs": {}, **p} for p in problems]
     _check_launch(world_size, backend, device, problems)
     payload = [dict(q=_pack(p["q"]), k=_pack(p["k"]), v=_pack(p["v"]), do=_pack(p["do"]),
                     kwargs={key: (None if val is None else np.asarray(val)) if key == "alibi_slopes" else val

@@ -6,6 +6,7 @@ the tiles `tiled` skips are exactly those `decoding.block_kind` finds fully mask
 """
 import numpy as np
 import pytest
+import torch
 
 from flashedu import IMPLEMENTATIONS, decoding, masks, reference, softmax, traffic
 from flashedu.testing import assert_close, convert, random_qkv, to_numpy
@@ -34,7 +35,8 @@ def _inputs(impl, B, H, N_q, N_k, d, rng, H_kv=None):
     dtype = "float64" if "float64" in impl.dtypes else "float32"
     q, k, v, do = (convert(x, dtype) for x in random_qkv(B, H, N_q, N_k, d, "float64", H_kv=H_kv, seed=rng)
                    + (rng.standard_normal((B, H, N_q, d)),))
-    cast = (lambda x: x) if impl.kind == "numpy" else (lambda x: convert(x, dtype, kind="torch"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"      # CPU tensors run Triton under the interpreter
+    cast = (lambda x: x) if impl.kind == "numpy" else (lambda x: convert(x, dtype, kind="torch", device=device))
     return dtype, (q, k, v, do), tuple(cast(x) for x in (q, k, v, do))
 
 

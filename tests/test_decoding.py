@@ -9,6 +9,8 @@ import torch
 from flashedu import decoding, masks, reference, softmax
 from flashedu.testing import assert_close, convert, random_qkv
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # CPU tensors run under the interpreter
+
 # triton 3.6's interpreter converts 1-element arrays to int in a way NumPy 2 deprecates; not our code
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
@@ -127,7 +129,7 @@ TRITON_CASES = [
 
 @pytest.mark.parametrize("B,H,H_kv,N_q,N_k,d,dtype,num_splits,extras", TRITON_CASES)
 def test_triton_forward_matches_reference(B, H, H_kv, N_q, N_k, d, dtype, num_splits, extras, make_qkv):
-    q, k, v = make_qkv(B, H, N_q, N_k, d, dtype, H_kv=H_kv, kind="torch")
+    q, k, v = (x.to(DEVICE) for x in make_qkv(B, H, N_q, N_k, d, dtype, H_kv=H_kv, kind="torch"))
     o, lse = decoding.triton_forward(q, k, v, num_splits=num_splits, **extras)
     o_ref, lse_ref = reference.forward(q, k, v, **extras)
     assert o.dtype == q.dtype and lse.dtype == torch.float32
@@ -138,7 +140,8 @@ def test_triton_forward_matches_reference(B, H, H_kv, N_q, N_k, d, dtype, num_sp
 def test_triton_partial_states_equal_numpy_ones(make_qkv):
     q, k, v = make_qkv(1, 4, 2, 29, 16, "float32", H_kv=2, kind="torch")
     extras = dict(causal=True, alibi_slopes=masks.alibi_slopes(4))
-    *_, (m, l, o) = decoding.triton_forward(q, k, v, num_splits=3, return_states=True, **extras)
+    *_, (m, l, o) = decoding.triton_forward(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), num_splits=3,
+                                            return_states=True, **extras)
     _, _, states = decoding.forward(q.numpy(), k.numpy(), v.numpy(), num_splits=3, return_states=True, **extras)
     for s, (_, _, (m_np, l_np, o_np)) in enumerate(states):
         for name, got, want in (("m", m[s], m_np), ("l", l[s], l_np), ("o", o[s], o_np)):
@@ -149,7 +152,7 @@ def test_triton_hidden_splits_are_never_read(make_qkv):
     q, k, v = make_qkv(1, 2, 1, 64, 16, "float32", kind="torch")
     k_nan, v_nan = k.clone(), v.clone()
     k_nan[:, :, :48], v_nan[:, :, :48] = float("nan"), float("nan")
-    o, lse = decoding.triton_forward(q, k_nan, v_nan, window_size=(8, 0), num_splits=8)
+    o, lse = decoding.triton_forward(q.to(DEVICE), k_nan.to(DEVICE), v_nan.to(DEVICE), window_size=(8, 0), num_splits=8)
     assert_close(o, reference.forward(q, k, v, window_size=(8, 0))[0], "float32")
 
 
@@ -160,26 +163,40 @@ def test_triton_combine_is_softmax_merge(rng):
     m[:, 1, 0] = -np.inf                                                 # a row no split saw
     l = np.where(np.isinf(m), 0.0, rng.uniform(0.5, 3.0, m.shape))
     o = np.where(np.isinf(m)[..., None], 0.0, rng.standard_normal((S, *shape, d)))
-    parts = [convert(x, "float32", kind="torch") for x in (m, l, o)]
+    parts = [convert(x, "float32", kind="torch", device=DEVICE) for x in (m, l, o)]
     got_o, got_lse = decoding.combine(*parts)
-    state = functools.reduce(softmax.merge, [tuple(x[s].numpy() for x in parts) for s in range(S)])
+    state = functools.reduce(softmax.merge, [tuple(x[s].cpu().numpy() for x in parts) for s in range(S)])
     want_o, want_lse = softmax.finalize(*state)
     assert_close(got_o, want_o, "float32", name="o")
     assert_close(got_lse, want_lse, "float32", name="lse")
     assert (got_o[1, 0] == 0).all() and torch.isneginf(got_lse[1, 0]).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_triton_decoding_of_a_long_cache_on_a_gpu(dtype, make_qkv):
+    q, k, v = (x.cuda() for x in make_qkv(2, 16, 1, 8191, 128, dtype, H_kv=4, kind="torch"))
+    o, lse = decoding.triton_forward(q, k, v, num_splits=16, causal=True)
+    o_ref, lse_ref = reference.forward(q, k, v, causal=True)
+    assert_close(o, o_ref, dtype, name="o")
+    assert_close(lse, lse_ref, "float32", name="lse")
+
+
 def test_triton_errors_name_the_argument(make_qkv):
-    q, k, v = make_qkv(1, 16, 9, 8, 16, "float32", H_kv=1, kind="torch")
+    def make_qkv_dev(*a, **kw):
+        return tuple(x.to(DEVICE) for x in make_qkv(*a, **kw))
+
+    q, k, v = make_qkv_dev(1, 16, 9, 8, 16, "float32", H_kv=1, kind="torch")
     with pytest.raises(ValueError, match=r"16 \* 9 query rows exceed the 128"):
         decoding.triton_forward(q, k, v)
-    q, k, v = make_qkv(1, 2, 1, 8, 16, "float32", kind="torch")
+    q, k, v = make_qkv_dev(1, 2, 1, 8, 16, "float32", kind="torch")
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 24"):
         decoding.triton_forward(q, k, v, block_n=24)
     with pytest.raises(ValueError, match="num_splits must be a positive int"):
         decoding.triton_forward(q, k, v, num_splits=0)
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         decoding.triton_forward(q.double(), k.double(), v.double())
-    q, k, v = make_qkv(1, 2, 1, 8, 12, "float32", kind="torch")
+    q, k, v = make_qkv_dev(1, 2, 1, 8, 12, "float32", kind="torch")
     with pytest.raises(ValueError, match="head dimension d=12"):
         decoding.triton_forward(q, k, v)
