@@ -180,3 +180,19 @@ def test_make_book_installs_the_pinned_renderer_then_builds():
     text = (ROOT / "Makefile").read_text()
     assert re.search(r"^book: \$\(BOOK_STAMP\)\n\t\$\(PY\) -m flashedu.course book", text, re.M)
     assert "-r requirements-book.txt -c constraints.txt" in text
+
+
+def test_chapter_numbers_come_from_the_notebook_names():
+    c = course.Chapter("08-benchmarks", "Benchmarks", "notebooks/08_benchmarks.ipynb", (), ("x",), 5)
+    assert book.chapter_label(3, c) == "08 · Benchmarks"  # also in a manifest that lists a subset
+
+
+def test_staged_notebooks_lose_nbval_markers_and_nothing_else():
+    cells = [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 1,
+              "source": "# NBVAL_IGNORE_OUTPUT\nwidgets.explorer()  # NBVAL_ not a marker here"},
+             {"cell_type": "markdown", "metadata": {}, "source": "# NBVAL_SKIP is explained here"}]
+    data = json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}).encode()
+    out = json.loads(book.strip_test_markers(Path("x.ipynb"), data))
+    assert out["cells"][0]["source"] == "widgets.explorer()  # NBVAL_ not a marker here"
+    assert out["cells"][1] == cells[1]
+    assert book.strip_test_markers(Path("x.json"), data) == data
