@@ -19,7 +19,11 @@ attention share: `block_kind` says whether a (query rows x key columns) block is
 partly masked ("partial") or fully visible ("full"), from two corners, without building the mask.
 
 Limits: forward only (decoding needs no gradient). The NumPy version builds each split's scores, a
-(N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding.
+(N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding. The Triton
+split kernel holds the H / H_kv * N_q query rows of one K/V head in one tile (at most 128 rows), reuses the
+mask and ALiBi helpers of `flashedu.triton_attention`, and shares its dtypes (fp16, bf16, fp32) and head dims;
+it picks one fixed launch configuration (no autotuning) and has not been timed on a GPU. Partial states go
+through HBM in float32: (num_splits, B, H, N_q) for m and l, and (num_splits, B, H, N_q, d) for o.
 
 Introduced in notebooks/09_beyond.ipynb.
 """
