@@ -2,7 +2,7 @@
 
     python -m flashedu.course book                # execute every chapter afresh, then render
     python -m flashedu.course book --no-execute   # render the outputs stored in the notebooks (fast)
-    python -m flashedu.course book --all          # rebuild every page, not only the changed ones
+    python -m flashedu.course book --all          # rebuild every page, not only those whose notebook changed
 
 Not taught in a notebook: this is the course's build tool. It writes no HTML itself. From book.toml it
 generates the renderer's `_config.yml`, its table of contents `_toc.yml` (chapters in manifest order) and a
@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashedu.course book", description=__doc__.split("\n")[0])
     parser.add_argument("--no-execute", action="store_true",
                         help="render the notebooks' stored outputs instead of executing them (nbval keeps those current)")
-    parser.add_argument("--all", action="store_true", help="rebuild every page, not only changed ones")
+    parser.add_argument("--all", action="store_true",
+                        help="rebuild (and re-execute) every chapter, not only those whose notebook changed; "
+                             "use it after changing the package")
     parser.add_argument("--root", type=Path, default=course.ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     problems = course.check(args.root)
