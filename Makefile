@@ -33,7 +33,7 @@ browser:
 
 lab: install
 	@echo "==> JupyterLab on http://$(HOST):$(PORT)/lab (Ctrl-C to stop)"
-	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
+	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) \
 	  --ServerApp.root_dir=$(CURDIR) $(firstword $(NOTEBOOKS))
 
 test: install browser

@@ -141,6 +141,12 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def describe(r: traffic.Roofline) -> str:
+    """One line on a roofline result, times in readable units: intensity vs ridge, bound, both times."""
+    return (f"{r.intensity:.1f} FLOP/byte vs ridge {r.ridge:.0f}: {r.bound}-bound, memory {fmt_time(r.t_memory)}, "
+            f"compute {fmt_time(r.t_compute)}")
+
+
 def png(fig: Figure, dpi: int = 80) -> bytes:
     """The figure as PNG bytes (for an ipywidgets.Image)."""
     buf = io.BytesIO()
@@ -163,7 +169,7 @@ def draw_traffic(state: dict) -> Figure:
     ax.set_title(ALGORITHMS[state["algorithm"]], fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     pair = [state["standard"].total_bytes / mib, state["flash"].total_bytes / mib]
-    tot.bar(["standard", "flash"], pair, color=[WRITE, READ])
+    tot.bar(["standard", "flash"], pair, color=["#8c8c8c", "#55a868"])
     tot.set_title(f"total HBM bytes\nflash moves {state['ratio']:.1f}x less", fontsize=9)
     for i, v in enumerate(pair):
         tot.annotate(fmt_bytes(v * mib), (i, v), ha="center", va="bottom", fontsize=8)

@@ -30,21 +30,26 @@ _BLOCKS = [("auto (paper rule)", 0)] + [(str(b), b) for b in (16, 32, 64, 128, 2
 
 
 def _row(*cells, tag="td") -> str:
-    return "<tr>" + "".join(f"<{tag} style='padding:1px 10px;text-align:{'left' if i == 0 else 'right'}'>{c}"
-                            f"</{tag}>" for i, c in enumerate(cells)) + "</tr>"
+    return "<tr>" + "".join(f"<{tag} style='padding:0 10px;line-height:1.35;text-align:"
+                            f"{'left' if i == 0 else 'right'}'>{c}</{tag}>" for i, c in enumerate(cells)) + "</tr>"
 
 
 def explorer_html(state: dict) -> str:
-    """The explorer's text: headline total and ratio, roofline verdict, per-tensor table, SRAM tiles."""
+    """The explorer's headline: total HBM bytes, the standard/flash ratio and the roofline verdict."""
     t, r, g = state["traffic"], state["roofline"], traffic.GPUS[state["gpu"]]
     why = ("bytes set the time: each byte brings too little arithmetic to keep the tensor cores busy"
            if r.bound == "memory" else "arithmetic sets the time: each byte fetched feeds enough FLOPs")
-    head = (f"<div style='font-size:1.15em'>HBM traffic: <b class='fe-total' data-bytes='{t.total_bytes}'>"
-            f"{t.total_bytes:,} bytes</b> ({fmt_bytes(t.total_bytes)}) &nbsp;·&nbsp; standard / flash = "
-            f"<b class='fe-ratio'>{state['ratio']:.2f}x</b></div>"
+    return (f"<div class='fe-explorer' style='line-height:1.5'><div style='font-size:1.15em'>HBM traffic: "
+            f"<b class='fe-total' data-bytes='{t.total_bytes}'>{t.total_bytes:,} bytes</b> ({fmt_bytes(t.total_bytes)})"
+            f" &nbsp;·&nbsp; standard / flash = <b class='fe-ratio'>{state['ratio']:.1f}x</b></div>"
             f"<div>Roofline on {g.name}: <b class='fe-bound'>{r.bound}-bound</b>, at least "
             f"<b class='fe-time'>{viz.fmt_time(r.time)}</b>. Intensity {r.intensity:.1f} FLOP/byte "
-            f"{'below' if r.bound == 'memory' else 'above'} the ridge {r.ridge:.0f}: {why}.</div>")
+            f"{'below' if r.bound == 'memory' else 'above'} the ridge {r.ridge:.0f}: {why}.</div></div>")
+
+
+def explorer_details_html(state: dict) -> str:
+    """The explorer's detail: bytes per tensor and direction, and the tiles one thread block keeps in SRAM."""
+    t = state["traffic"]
     names = sorted(set(t.reads) | set(t.writes), key=traffic._order)
     rows = [_row("tensor", "read: HBM → SRAM", "written: SRAM → HBM", tag="th")]
     rows += [_row(n, f"{t.reads.get(n, 0):,}", f"{t.writes.get(n, 0):,}") for n in names]
@@ -58,7 +63,7 @@ def explorer_html(state: dict) -> str:
                 + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}")
     else:
         sram = "<b>SRAM</b>: standard attention streams rows through it; S and P go back to HBM in full."
-    return (f"<div class='fe-explorer'>{head}<table style='margin-top:4px'>{''.join(rows)}</table>"
+    return (f"<div style='line-height:1.35'><table class='fe-table'>{''.join(rows)}</table>"
             f"<div style='margin-top:4px'>{sram}</div></div>")
 
 
@@ -69,7 +74,8 @@ class TrafficExplorer(W.VBox):
                  sram_kib=None, causal=False, B=1, H=1):
         self._bh = (B, H)
         sram_kib = sram_kib or traffic.GPUS[gpu].smem_per_block // 1024
-        c = {"N": W.SelectionSlider(options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE),
+        c = {"N": W.SelectionSlider(options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE,
+                                    layout=W.Layout(width="330px")),
              "d": W.Dropdown(options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE),
              "dtype": W.Dropdown(options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE),
              "gpu": W.Dropdown(options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE),
@@ -79,10 +85,12 @@ class TrafficExplorer(W.VBox):
              "causal": W.Checkbox(value=causal, description="causal", style=_WIDE),
              "algorithm": W.ToggleButtons(options=_ALGORITHMS, value=algorithm, style={"button_width": "100px"})}
         self.controls = c
-        self.html, self.image = W.HTML(), W.Image(format="png", layout=W.Layout(max_width="840px"))
+        self.html, self.details = W.HTML(), W.HTML()
+        self.image = W.Image(format="png", layout=W.Layout(max_width="840px"))
         left = W.VBox([c["N"], c["d"], c["dtype"], c["causal"]])
         right = W.VBox([c["gpu"], c["sram_kib"], c["block_m"], c["block_n"]])
-        super().__init__([c["algorithm"], W.HBox([left, right]), self.html, self.image])
+        top = W.HBox([W.Label("algorithm", layout=W.Layout(width="114px")), c["algorithm"]])
+        super().__init__([top, W.HBox([left, right]), self.html, self.image, self.details])
         c["gpu"].observe(self._preset, names="value")
         for w in c.values():
             w.observe(self._update, names="value")
@@ -101,6 +109,7 @@ class TrafficExplorer(W.VBox):
         self.figure = viz.draw_traffic(self.state)
         self.image.value = viz.png(self.figure)
         self.html.value = explorer_html(self.state)
+        self.details.value = explorer_details_html(self.state)
 
 
 def traffic_explorer(**initial) -> TrafficExplorer:
@@ -129,7 +138,7 @@ class RooflinePlot(W.VBox):
         self.points = viz.roofline_points(**p)
         self.figure = viz.draw_roofline(p["gpu"], self.points)
         self.image.value = viz.png(self.figure)
-        self.html.value = "<br>".join(f"<b>{name}</b>: {r.explain()}" for name, r in self.points.items())
+        self.html.value = "<br>".join(f"<b>{name}</b>: {viz.describe(r)}" for name, r in self.points.items())
 
 
 def roofline_plot(gpu: str = "H200", **initial) -> RooflinePlot:

@@ -70,7 +70,7 @@ def test_sram_tiles_and_fit():
     assert s["fits"] and sum(s["sram_tiles"].values()) <= 227 * 1024
     big = viz.explorer_state(algorithm="fa2", d=256, block_m=256, block_n=256, sram_kib=64)
     assert not big["fits"]
-    assert "does NOT fit" in widgets.explorer_html(big)
+    assert "does NOT fit" in widgets.explorer_details_html(big)
     assert viz.explorer_state(algorithm="naive")["sram_tiles"] == {}
 
 
@@ -96,6 +96,9 @@ def test_explorer_follows_its_controls():
     assert w.state["traffic"] == expected
     assert _shown_total(w.html.value) == expected.total_bytes
     assert f"{expected.total_bytes:,} bytes" in w.html.value
+    for tensor in ("S", "P"):
+        assert f"<td style='padding:0 10px;line-height:1.35;text-align:right'>{expected.reads[tensor]:,}</td>" \
+            in w.details.value
     w.controls["dtype"].value = "float32"
     assert w.state["traffic"] == traffic.naive_forward(1, 1, 2048, 2048, 64, itemsize=4)
     w.controls["algorithm"].value = "fa1"
