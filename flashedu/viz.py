@@ -31,6 +31,7 @@ ALGORITHMS = {
 }
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 READ, WRITE, CURRENT, DONE, SKIPPED = "#4c72b0", "#dd8452", "#c44e52", "#a1c9f4", "#d0d0d0"
+STANDARD, FLASH = "#8c8c8c", "#55a868"
 
 
 # --------------------------------------------------------------------------------------------- numbers
@@ -169,7 +170,7 @@ def draw_traffic(state: dict) -> Figure:
     ax.set_title(ALGORITHMS[state["algorithm"]], fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     pair = [state["standard"].total_bytes / mib, state["flash"].total_bytes / mib]
-    tot.bar(["standard", "flash"], pair, color=["#8c8c8c", "#55a868"])
+    tot.bar(["standard", "flash"], pair, color=[STANDARD, FLASH])
     tot.set_title(f"total HBM bytes\nflash moves {state['ratio']:.1f}x less", fontsize=9)
     for i, v in enumerate(pair):
         tot.annotate(fmt_bytes(v * mib), (i, v), ha="center", va="bottom", fontsize=8)
@@ -189,7 +190,7 @@ def draw_roofline(gpu: str, points: dict[str, traffic.Roofline]) -> Figure:
     ax.axvline(g.ridge, color="grey", ls=":", lw=1)
     ax.annotate(f"ridge {g.ridge:.0f} FLOP/B", (g.ridge, 0), xycoords=("data", "axes fraction"), fontsize=8,
                 color="grey", ha="left", va="bottom", xytext=(4, 4), textcoords="offset points")
-    for (name, r), color in zip(points.items(), (WRITE, READ, CURRENT)):
+    for (name, r), color in zip(points.items(), (STANDARD, FLASH, CURRENT)):
         y = r.flops / r.time / 1e12
         ax.plot([r.intensity], [y], "o", ms=9, color=color)
         right = r.intensity < g.ridge
