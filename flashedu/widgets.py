@@ -146,10 +146,16 @@ def roofline_plot(gpu: str = "H200", **initial) -> RooflinePlot:
     return RooflinePlot(gpu=gpu, **initial)
 
 
-def _stats(x, digits=3, most=8) -> str:
+def _stats(x, digits=3, most=4) -> str:
+    """A short readout of m or l for the rows of one block (first batch and head)."""
     a = np.asarray(x, dtype=np.float64).reshape(-1)
-    shown = ", ".join("-inf" if v == -math.inf else f"{v:.{digits}f}" for v in a[:most])
-    return f"[{shown}{', ...' if a.size > most else ''}]"
+
+    def fmt(v):
+        return "-inf" if v == -math.inf else f"{v:.{digits}f}"
+
+    if a.size and np.all(a == a[0]):
+        return f"{fmt(a[0])} in all {a.size} rows" + (" (no key seen yet)" if a[0] == -math.inf else "")
+    return "[" + ", ".join(fmt(v) for v in a[:most]) + (", ...]" if a.size > most else "]")
 
 
 def stepper_html(frame: dict, frames: list[dict], order: str = "fa2") -> str:
@@ -164,7 +170,7 @@ def stepper_html(frame: dict, frames: list[dict], order: str = "fa2") -> str:
         sram = f"q_i = Q[{r0}:{r1}], k_j = K[{c0}:{c1}], v_j = V[{c0}:{c1}], and the tile s_ij = q_i k_jᵀ"
     moved = ", ".join(f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n in frame["moved"]) or "none"
     total = frame["read_bytes"] + frame["write_bytes"]
-    return (f"<div class='fe-stepper'><b>step {frame['step'] + 1} of {len(frames)}</b>: S tile ({frame['i']}, "
+    return (f"<div class='fe-stepper' style='line-height:1.45'><b>step {frame['step'] + 1} of {len(frames)}</b>: S tile ({frame['i']}, "
             f"{frame['j']})<br>in SRAM: {sram}<br>HBM transfers this step: {moved}<br>"
             f"running max m (rows {r0}..{r1 - 1}) as the tile starts: {_stats(frame['m'])}<br>"
             f"running sum l: {_stats(frame['l'])}<br>HBM bytes so far: <b class='fe-step-total' "

@@ -1,8 +1,10 @@
 """The one real-browser test: JupyterLab on 127.0.0.1, Debian's Chromium driven by Playwright.
 
-It writes a small notebook that shows the traffic explorer, serves it with JupyterLab (a token, a free port,
-a throwaway config), runs it, moves the N slider with the keyboard on the real widget and checks that the
-HBM byte count on the page becomes what `flashedu.traffic` computes. Screenshots go to test-artifacts/.
+It writes a small notebook that shows the traffic explorer and the tile stepper, serves it with JupyterLab
+(a token, a free port, a throwaway config), runs it, moves the N slider with the keyboard on the real widget
+and checks that the HBM byte count on the page becomes what `flashedu.traffic` computes; then presses the
+stepper's step button and checks the bytes against the ledger of `tiled.forward`. Screenshots go to
+test-artifacts/.
 A second test checks that `make lab` serves JupyterLab. Run with `make test-browser` (pytest -m browser).
 
 Chromium comes from the system (`make browser` installs Debian's package); Playwright never downloads one.
@@ -33,11 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-NOTEBOOK = """\
+NOTEBOOK = ["""\
 from flashedu import widgets
 
 explorer = widgets.traffic_explorer(N=1024, d=64, algorithm="naive")
-explorer"""
+explorer""", """\
+stepper = widgets.tile_stepper(N_q=40, N_k=40, d=16, block_m=8, block_n=8, causal=True)
+stepper"""]
 
 
 def _chromium() -> str:
@@ -100,7 +104,7 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab serving a one-cell notebook from tmp_path: (base url, token)."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in NOTEBOOK])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, tmp_path / "explorer.ipynb")
     port, token, log = _free_port(), os.urandom(16).hex(), tmp_path / "lab.log"
@@ -145,6 +149,7 @@ def test_moving_the_n_slider_updates_the_traffic_shown(lab, tmp_path):
             page.wait_for_function("() => Boolean(window.jupyterapp)", timeout=60_000)
             page.wait_for_function(KERNEL_READY, timeout=60_000)   # a cell run before this is dropped
             page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+            page.keyboard.press("Shift+Enter")          # run the explorer cell, move to the stepper cell
             page.keyboard.press("Shift+Enter")
             total = page.locator(".fe-total")
             total.wait_for(timeout=60_000)
@@ -163,9 +168,37 @@ def test_moving_the_n_slider_updates_the_traffic_shown(lab, tmp_path):
             assert figure.get_attribute("src") != src_before, "the traffic figure did not redraw"
             assert "2,048" in slider.inner_text()
             page.locator(".jp-OutputArea-output").first.screenshot(path=str(ARTIFACTS / "traffic_explorer.png"))
+            _step_five_times(page)
             page.screenshot(path=str(ARTIFACTS / "jupyterlab_page.png"))
         finally:
             context.close()
+
+
+def _stepper_bytes_after(step: int) -> int:
+    """HBM bytes the ledger of tiled.forward records up to the end of `step` (the stepper cell's problem)."""
+    from flashedu import testing, tiled
+
+    q, k, v = testing.random_qkv(1, 1, 40, 40, 16, "float32", seed=0)
+    ledger = traffic.Ledger()
+    tiled.forward(q, k, v, causal=True, block_m=8, block_n=8, ledger=ledger)
+    return sum(t.nbytes for t in ledger.transfers if t.step <= step)
+
+
+def _step_five_times(page) -> None:
+    """Press the stepper's "step" button five times: from tile (0, 0) to tile (1, 0), past the four tiles of
+    row block 0 that the causal mask skips; the bytes shown become the ledger's after step 5."""
+    shown = page.locator(".fe-step-total")
+    shown.wait_for(timeout=60_000)
+    assert int(shown.get_attribute("data-bytes")) == _stepper_bytes_after(0)
+    button = page.get_by_role("button", name="step ▶")
+    for _ in range(5):
+        button.click()
+    expected = _stepper_bytes_after(5)
+    assert expected != _stepper_bytes_after(0)
+    page.wait_for_function(f"document.querySelector('.fe-step-total').dataset.bytes === '{expected}'",
+                           timeout=30_000)
+    assert "step 6 of 25: S tile (1, 0)" in page.locator(".fe-stepper").inner_text()
+    page.locator(".jp-OutputArea-output").nth(1).screenshot(path=str(ARTIFACTS / "tile_stepper.png"))
 
 
 def test_make_lab_serves_jupyterlab(tmp_path):
