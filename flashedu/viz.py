@@ -47,8 +47,8 @@ def explorer_state(*, N: int = 4096, d: int = 64, dtype: str = "float16", gpu: s
     outer loop, which stays in SRAM (K/V for FA1 and the backward, Q for FA2), and B_r = min(B_c, d) to the
     tensor streamed past it. The standard algorithm is compared with FA2. Returns a dict with `traffic` (the chosen algorithm's Traffic),
     `standard` and `flash` (the pair being compared), `ratio` (standard / flash bytes), `roofline`, `flops`,
-    `block_m`, `block_n`, `sram_bytes`, `sram_tiles` (bytes resident in SRAM per thread block, by tile) and
-    `fits` (whether those tiles fit the budget).
+    `block_m`, `block_n`, `auto_blocks` (whether the rule chose any of them), `sram_bytes`, `sram_tiles`
+    (bytes resident in SRAM per thread block, by tile) and `fits` (whether those tiles fit the budget).
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"explorer_state: algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
@@ -73,7 +73,8 @@ def explorer_state(*, N: int = 4096, d: int = 64, dtype: str = "float16", gpu: s
                                     pass_="bwd" if algorithm == "backward" else "fwd")
     tiles = sram_tiles(algorithm, bm, bn, d, e)
     return {"N": N, "d": d, "dtype": dtype, "itemsize": e, "gpu": gpu, "algorithm": algorithm, "causal": causal,
-            "B": B, "H": H, "block_m": bm, "block_n": bn, "sram_bytes": sram, "sram_tiles": tiles,
+            "B": B, "H": H, "block_m": bm, "block_n": bn, "auto_blocks": block_m is None or block_n is None,
+            "sram_bytes": sram, "sram_tiles": tiles,
             "fits": sum(tiles.values()) <= sram, "traffic": shown, "standard": standard, "flash": flash,
             "ratio": standard.total_bytes / flash.total_bytes, "flops": flops,
             "roofline": traffic.roofline(flops, shown.total_bytes, g)}

@@ -57,7 +57,13 @@ def explorer_details_html(state: dict) -> str:
     tiles = state["sram_tiles"]
     if tiles:
         used = sum(tiles.values())
-        verdict = "fits" if state["fits"] else "<b style='color:#c44e52'>does NOT fit: smaller blocks needed</b>"
+        if state["fits"]:
+            verdict = "fits"
+        elif state["auto_blocks"]:
+            verdict = (f"{used / state['sram_bytes'] - 1:.0%} over: the paper's rule sizes tiles to the order of the "
+                       "SRAM, not under it; a real kernel would pick the next smaller power of two")
+        else:
+            verdict = "<b style='color:#c44e52'>does NOT fit: smaller blocks needed</b>"
         sram = (f"<b>SRAM, one thread block</b> (block_m={state['block_m']}, block_n={state['block_n']}): "
                 + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tiles.items())
                 + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}")

@@ -72,6 +72,9 @@ def test_sram_tiles_and_fit():
     assert not big["fits"]
     assert "does NOT fit" in widgets.explorer_details_html(big)
     assert viz.explorer_state(algorithm="naive")["sram_tiles"] == {}
+    auto = viz.explorer_state(algorithm="fa1", d=64, sram_kib=227)      # the paper's rule overshoots a little
+    assert auto["auto_blocks"] and not auto["fits"]
+    assert "% over: the paper's rule" in widgets.explorer_details_html(auto)
 
 
 def test_flash_ratio_grows_with_N():
