@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 from flashedu import IMPLEMENTATIONS, masks, naive, reference, tiled, traffic
-from flashedu.testing import assert_close
+from flashedu.testing import Tolerance, assert_close, tolerance
 
+# Tighter than the shared table for float32 (2e-5): the measured worst error of tiled.forward on these shapes
+# is about 6e-7 (o) and 5e-7 (lse), so 5e-6 keeps 10x headroom.
+TIGHT = {"float64": tolerance("float64"), "float32": Tolerance(5e-6, 5e-6)}
 SHAPES = [(1, 1, 1, 1, 16), (2, 3, 17, 17, 16), (1, 2, 33, 65, 32), (1, 2, 65, 33, 32), (1, 1, 97, 1, 8)]
 BLOCKS = [(16, 16), (5, 7)]
 
@@ -23,8 +26,8 @@ def test_forward_matches_reference(B, H, N_q, N_k, d, causal, dtype, order, make
     for block_m, block_n in BLOCKS:
         o, lse = tiled.forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, order=order)
         assert o.dtype == np.dtype(dtype) and lse.dtype == (np.float64 if dtype == "float64" else np.float32)
-        assert_close(o, o_ref, dtype, name="o")
-        assert_close(lse, lse_ref, dtype, name="lse")
+        assert_close(o, o_ref, tol=TIGHT[dtype], name="o")
+        assert_close(lse, lse_ref, tol=TIGHT[dtype], name="lse")
 
 
 def test_float64_is_exact_to_1e12_relative(make_qkv):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flashedu import masks, naive, reference, tiled, traffic
-from flashedu.testing import assert_close
+from flashedu.testing import Tolerance, assert_close, tolerance
 
 SHAPES = [(1, 1, 1, 1, 16), (2, 3, 17, 17, 16), (1, 2, 33, 65, 32), (1, 2, 65, 33, 32), (1, 1, 97, 5, 8)]
 
@@ -17,10 +17,14 @@ def _grads(q, k, v, do, *, block_m=8, block_n=16, **kw):
     return tiled.backward(do, q, k, v, o, lse, block_m=block_m, block_n=block_n, **kw)
 
 
+# float32 tighter than the shared table (5e-5): the measured worst gradient error is about 1e-6.
+TIGHT = {"float32": Tolerance(1e-5, 1e-5)}
+
+
 def _check(grads, expected, dtype):
     for name, g, e in zip(("dq", "dk", "dv"), grads, expected):
         assert g.dtype == np.dtype(dtype), name
-        assert_close(g, e, dtype, grad=True, name=name)
+        assert_close(g, e, dtype, grad=True, name=name, tol=TIGHT.get(dtype))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
