@@ -45,8 +45,11 @@ def explorer_state(*, N: int = 4096, d: int = 64, dtype: str = "float16", gpu: s
     block_m / block_n default to the paper's rule (`traffic.block_sizes`) for the SRAM budget (sram_kib, default
     the preset's shared memory per thread block): the large block B_c = ceil(M / 4d) goes to the tensor of the
     outer loop, which stays in SRAM (K/V for FA1 and the backward, Q for FA2), and B_r = min(B_c, d) to the
-    tensor streamed past it. The standard algorithm is compared with FA2. Returns a dict with `traffic` (the chosen algorithm's Traffic),
-    `standard` and `flash` (the pair being compared), `ratio` (standard / flash bytes), `roofline`, `flops`,
+    tensor streamed past it. The standard algorithm is compared with FA2. Causal: the tiled passes skip masked
+    blocks (fewer bytes and FLOPs); the standard one computes all of S anyway.
+
+    Returns a dict with `traffic` (the chosen algorithm's Traffic), `standard` and `flash` (the pair being
+    compared), `ratio` (standard / flash bytes), `roofline`, `flops`,
     `block_m`, `block_n`, `auto_blocks` (whether the rule chose any of them), `sram_bytes`, `sram_tiles`
     (bytes resident in SRAM per thread block, by tile) and `fits` (whether those tiles fit the budget).
     """

@@ -176,8 +176,8 @@ def stepper_html(frame: dict, frames: list[dict], order: str = "fa2") -> str:
         sram = f"q_i = Q[{r0}:{r1}], k_j = K[{c0}:{c1}], v_j = V[{c0}:{c1}], and the tile s_ij = q_i k_jᵀ"
     moved = ", ".join(f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n in frame["moved"]) or "none"
     total = frame["read_bytes"] + frame["write_bytes"]
-    return (f"<div class='fe-stepper' style='line-height:1.45'><b>step {frame['step'] + 1} of {len(frames)}</b>: S tile ({frame['i']}, "
-            f"{frame['j']})<br>in SRAM: {sram}<br>HBM transfers this step: {moved}<br>"
+    return (f"<div class='fe-stepper' style='line-height:1.45'><b>step {frame['step'] + 1} of {len(frames)}</b>: "
+            f"S tile ({frame['i']}, {frame['j']})<br>in SRAM: {sram}<br>HBM transfers this step: {moved}<br>"
             f"running max m (rows {r0}..{r1 - 1}) as the tile starts: {_stats(frame['m'])}<br>"
             f"running sum l: {_stats(frame['l'])}<br>HBM bytes so far: <b class='fe-step-total' "
             f"data-bytes='{total}'>{total:,}</b> (read {frame['read_bytes']:,}, written "

@@ -170,7 +170,8 @@ def _hand_ledger() -> traffic.Ledger:
     led.read("Q", 8)                                        # before any step: counted in the first frame
     for i, j, skipped in [(0, 0, False), (0, 1, True), (1, 0, False), (1, 1, False)]:
         m = np.full((1, 1, 2), -np.inf if j == 0 else 0.5)
-        led.step(i=i, j=j, skipped=skipped, rows=(2 * i, 2 * i + 2), cols=(2 * j, 2 * j + 2), m=m, l=np.full((1, 1, 2), float(j)))
+        led.step(i=i, j=j, skipped=skipped, rows=(2 * i, 2 * i + 2), cols=(2 * j, 2 * j + 2), m=m,
+                 l=np.full((1, 1, 2), float(j)))
         if not skipped:
             led.read("K", 4)
             led.read("V", 4)

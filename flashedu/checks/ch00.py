@@ -139,11 +139,13 @@ def check_naive_attention_time(fn, *, seed=None, out=print) -> Report:
     slow = traffic.GPU("made-up GPU with 1 TFLOP/s", h.hbm_bytes, h.hbm_bandwidth, h.sram_per_sm, h.smem_per_block,
                        h.sms, 1e12, "made up, to make standard attention compute-bound")
     gpus = {**traffic.GPUS, "1-TFLOP/s GPU": slow}
-    sizes = [(4096, 64, "H200", 2), (1, 16, "A100-40GB", 2), (1024, 128, "H100-SXM", 4), (2048, 128, "1-TFLOP/s GPU", 2)]
+    sizes = [(4096, 64, "H200", 2), (1, 16, "A100-40GB", 2), (1024, 128, "H100-SXM", 4),
+             (2048, 128, "1-TFLOP/s GPU", 2)]
     sizes += [(int(rng.integers(2, 20000)), int(rng.choice([32, 64, 128, 256])), str(rng.choice(list(traffic.GPUS))),
                int(rng.choice([2, 4]))) for _ in range(2)]
     cases = [Case(f"N={N} d={d} {g} itemsize={e}", (N, d, gpus[g], e), naive_attention_time(N, d, gpus[g], e),
-                  hint="FLOPs = 4 N^2 d; time = max(bytes / bandwidth, FLOPs / rate)", check=_time_check(N, d, gpus[g], e))
+                  hint="FLOPs = 4 N^2 d; time = max(bytes / bandwidth, FLOPs / rate)",
+                  check=_time_check(N, d, gpus[g], e))
              for N, d, g, e in sizes]
     return grade("check_naive_attention_time", fn, cases, solution_name=check_naive_attention_time.solution_name,
                  out=out)
