@@ -127,7 +127,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start, end, rows, s
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "GROUP", "N_KEY"])
+@triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "H", "GROUP", "N_KEY", "stride_sb"])
 def _attn_fwd(Q, K, V, O, LSE, SLOPES,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, stride_sb,
@@ -192,20 +192,25 @@ def _prune(table):
     """early_config_prune for triton.autotune: keep the configs listed for this head dim (and dtype width)."""
     def prune(configs, nargs, **kwargs):
         d, wide = kwargs["HEAD_DIM"], nargs["Q"].element_size() == 4
+        listed = table(d, wide)
+        if wide or d not in (64, 128) or kwargs["HAS_LEFT"] or kwargs["HAS_ALIBI"]:
+            listed = listed[:1]   # tuned where it is benchmarked; elsewhere the first (safe) entry
         keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                in table(d, wide)]
+                in listed]
         return keep or configs[:1]
     return prune
 
 
 def _fwd_table(d, wide):
-    if wide:       # fp32 tiles take twice the shared memory
-        return [(64, 32, 4, 2), (64, 64, 4, 2)] if d <= 128 else [(32, 32, 4, 2)]
+    """(BLOCK_M, BLOCK_N, warps, stages) candidates; the first is used untuned (fp32, d 16/32/256, window, ALiBi).
+    Chosen from sm_90 compiles without register spills and H200 timings (notebooks/results/GPU_NOTES.md)."""
+    if wide:       # fp32: IEEE dots run on FMA units, small tiles
+        return [(32, 16, 4, 2)] if d <= 64 else [(16, 16, 4, 2)]
     if d <= 64:
-        return [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3)]
+        return [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4)]
-    return [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)]
+    return [(64, 32, 4, 3)]
 
 
 def _all_configs(*tables):
@@ -305,6 +310,12 @@ def kernel_flags(q, scale, bounds, has_alibi):
                 UPCAST=upcast, PRECISION=precision), left, right
 
 
+def out_dtype(q, flags):
+    """The kernels store q's dtype, except bf16 under the interpreter: its fp32 -> bf16 cast truncates, so the
+    kernels store fp32 there and torch rounds to nearest, as the GPU does."""
+    return torch.float32 if flags["UPCAST"] else q.dtype
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Public API: forward, backward (flashedu.triton_backward), attention (autograd)
 # ---------------------------------------------------------------------------------------------------------------
@@ -331,15 +342,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         q, k, v, causal, softmax_scale, window_size, alibi_slopes, "triton_attention.forward")
     config = launch_config(block_m, block_n, num_warps, num_stages)
     q, k, v = rows_contiguous(q), rows_contiguous(k), rows_contiguous(v)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
     flags, left, right = kernel_flags(q, scale, bounds, slopes is not None)
+    o = torch.empty(q.shape, device=q.device, dtype=out_dtype(q, flags))
+    lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
     slopes = lse if slopes is None else slopes   # any float32 pointer when there is no ALiBi
     args = (q, k, v, o, lse, slopes, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             stride_sb, scale * LOG2E, H, H // H_kv, N_q, N_k, left, right, n_key(N_q, N_k))
     grid = lambda meta: (triton.cdiv(N_q, meta["BLOCK_M"]), B * H)  # noqa: E731
     launch(_attn_fwd_tuned, _attn_fwd, grid, args, dict(flags, SCALE_POS=scale >= 0), config)
-    return o, lse
+    return o.to(q.dtype), lse
 
 
 def __getattr__(name: str):

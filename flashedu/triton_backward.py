@@ -19,13 +19,13 @@ import torch
 
 from ._validate import check_backward
 from .triton_attention import (LOG2E, MASK_KEY, _alibi, _block_range, _visible, autotuned,
-                               check_inputs, kernel_flags, launch, launch_config, n_key, rows_contiguous)
+                               check_inputs, kernel_flags, launch, launch_config, n_key, out_dtype, rows_contiguous)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 
-@triton.jit(do_not_specialize=["N_q"])
+@triton.jit(do_not_specialize=["N_q", "H"])
 def _attn_bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm, H, N_q,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """D_i = rowsum(dO_i * O_i) in fp32 (equals rowsum(P_ij dP_ij)). Grid (cdiv(N_q, BLOCK_M), B * H)."""
@@ -93,7 +93,7 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start, en
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "GROUP", "N_KEY"])
+@triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "H", "GROUP", "N_KEY", "stride_sb"])
 def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_db, stride_dh, stride_dm, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
@@ -177,7 +177,7 @@ def _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start, end, ro
     return dq
 
 
-@triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "GROUP", "N_KEY"])
+@triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "H", "GROUP", "N_KEY", "stride_sb"])
 def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                  stride_db, stride_dh, stride_dm, stride_dqb, stride_dqh, stride_dqm, stride_sb,
@@ -226,23 +226,23 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
 def _dkdv_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) for the dK/dV kernel: BLOCK_N keys per program, BLOCK_M queries a step."""
     if wide:
-        return [(32, 64, 4, 2), (32, 32, 4, 2)] if d <= 128 else [(16, 32, 4, 2)]
+        return [(16, 64, 8, 1)] if d <= 128 else [(16, 16, 4, 1)]
     if d <= 64:
-        return [(64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3)]
+        return [(64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2)]
     if d == 128:
-        return [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3)]
-    return [(32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2)]
+        return [(32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2)]
+    return [(32, 64, 8, 2)]
 
 
 def _dq_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) for the dQ kernel: BLOCK_M queries per program, BLOCK_N keys a step."""
     if wide:
-        return [(64, 32, 4, 2), (32, 32, 4, 2)] if d <= 128 else [(32, 16, 4, 2)]
+        return [(32, 16, 4, 2)]
     if d <= 64:
-        return [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]
+        return [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
     if d == 128:
-        return [(128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3)]
-    return [(64, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2)]
+        return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
+    return [(32, 32, 4, 2)]
 
 
 _attn_bwd_dkdv_tuned = autotuned(_attn_bwd_dkdv, _dkdv_table, MASK_KEY)
@@ -272,7 +272,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, config, config)
 
 
-def _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, cfg_dkdv, cfg_dq):
+def _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, cfg_dkdv, cfg_dq, kernels=("dkdv", "dq")):
     """Preprocess, then the dK/dV and dQ kernels, each with a fixed config or autotuned (config None)."""
     B, H, H_kv, N_q, N_k, d = dims
     q, k, v, o, do = (rows_contiguous(x) for x in (q, k, v, o, do))
@@ -281,18 +281,17 @@ def _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, cfg_dkd
     pre_block = 64 if d <= 128 else 32
     _attn_bwd_preprocess[(triton.cdiv(N_q, pre_block), B * H)](
         o, do, delta, *o.stride()[:3], *do.stride()[:3], H, N_q, HEAD_DIM=d, BLOCK_M=pre_block)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     flags, left, right = kernel_flags(q, scale, bounds, slopes is not None)
+    dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=out_dtype(q, flags)) for x in (q, k, v))
     slopes = lse if slopes is None else slopes   # any float32 pointer when there is no ALiBi
     common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     tail = (scale * LOG2E, scale, H, H // H_kv, N_q, N_k, left, right, n_key(N_q, N_k))
-    grid = lambda meta: (triton.cdiv(N_k, meta["BLOCK_N"]), B * H_kv)  # noqa: E731
-    launch(_attn_bwd_dkdv_tuned, _attn_bwd_dkdv, grid,
-           (q, k, v, do, lse, delta, dk, dv, slopes, *common, *dk.stride()[:3], *dv.stride()[:3], stride_sb, *tail),
-           flags, cfg_dkdv)
-    grid = lambda meta: (triton.cdiv(N_q, meta["BLOCK_M"]), B * H)  # noqa: E731
-    launch(_attn_bwd_dq_tuned, _attn_bwd_dq, grid,
-           (q, k, v, do, lse, delta, dq, slopes, *common, *dq.stride()[:3], stride_sb, *tail), flags, cfg_dq)
-    return dq, dk, dv
+    if "dkdv" in kernels:
+        grid = lambda meta: (triton.cdiv(N_k, meta["BLOCK_N"]), B * H_kv)  # noqa: E731
+        launch(_attn_bwd_dkdv_tuned, _attn_bwd_dkdv, grid, (q, k, v, do, lse, delta, dk, dv, slopes, *common,
+               *dk.stride()[:3], *dv.stride()[:3], stride_sb, *tail), flags, cfg_dkdv)
+    if "dq" in kernels:
+        grid = lambda meta: (triton.cdiv(N_q, meta["BLOCK_M"]), B * H)  # noqa: E731
+        launch(_attn_bwd_dq_tuned, _attn_bwd_dq, grid,
+               (q, k, v, do, lse, delta, dq, slopes, *common, *dq.stride()[:3], stride_sb, *tail), flags, cfg_dq)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)

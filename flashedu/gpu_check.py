@@ -1,0 +1,341 @@
+"""Check, then time, on a CUDA GPU: `PYTHONPATH=$PWD python -m flashedu.gpu_check --out results.json`.
+
+1. Correctness matrix on fresh random inputs: fp16, bf16, fp32 x d in {64, 128} (and 16, 32, 256) x causal x
+   ragged N_q != N_k both ways (with fully masked rows) x GQA, MQA, sliding windows and ALiBi. The Triton
+   kernels' forward (o) and backward (dq, dk, dv) are compared with a float64 computation on the GPU, and PyTorch
+   SDPA runs on the same inputs in the same dtype (see `sdpa_same_inputs` for which backend). A case passes when
+   every element is within flashedu.testing's tolerance for its dtype, lse is within 1e-3 of float64, no NaN
+   appears, and for fp16/bf16 the max error is at most twice SDPA's own plus 1e-6 (flash-attn's rule; fp32
+   rows record SDPA's error but are held to the tolerance table only).
+2. The timing sweep of `flashedu.bench_gpu.run` (Triton against SDPA's FLASH, cuDNN and EFFICIENT backends).
+3. Peak memory (torch.cuda.max_memory_allocated) against context length, 8k to 128k tokens, B = H = 1,
+   d = 128, bf16: standard attention (S and P materialised) against the flashedu kernel.
+
+Cases run in parallel worker processes (one GPU, several CUDA contexts), which also compiles the kernels in
+parallel into triton's on-disk cache; the timing runs alone in the main process. `--explore` also times fixed
+launch configs one by one (how the autotuning tables were chosen; see notebooks/results/GPU_NOTES.md).
+
+Introduced in notebooks/08_benchmarks.ipynb; the kernels in notebooks/06_triton_forward.ipynb.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import masks, reference
+from .testing import max_error, random_qkv, tolerance
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # "cpu" only for dry runs under the interpreter
+CASE_KEYS = ("dtype", "d", "causal", "N_q", "N_k", "B", "H", "H_kv", "window", "alibi")
+SHAPES = [(1000, 1000), (517, 1531), (1531, 517), (1, 777), (2048, 2048)]
+EXTRAS = [dict(H=8, H_kv=2), dict(H=8, H_kv=1), dict(window=(256, 0), causal=True), dict(window=(100, 50)),
+          dict(alibi=True), dict(alibi=True, causal=True, H=8, H_kv=2)]
+
+
+def matrix(quick: bool = False) -> list[dict]:
+    """Every correctness case as a dict of CASE_KEYS."""
+    base = dict(B=2, H=4, H_kv=4, window=None, alibi=False)
+    cases = []
+    for dtype in ("float16", "bfloat16", "float32"):
+        for d in (64, 128):
+            for causal in (False, True):
+                for N_q, N_k in SHAPES[:2] if quick else SHAPES:
+                    cases.append(dict(base, dtype=dtype, d=d, causal=causal, N_q=N_q, N_k=N_k))
+    for dtype in ("float16", "bfloat16"):
+        for d in (16, 32, 256):
+            for causal in (False, True):
+                cases.append(dict(base, dtype=dtype, d=d, causal=causal, N_q=300, N_k=433))
+        for extra in EXTRAS[:2] if quick else EXTRAS:
+            cases.append({**base, "dtype": dtype, "d": 128, "causal": False, "N_q": 900, "N_k": 1300, **extra})
+    return cases
+
+
+def float64_attention(q, k, v, do, *, causal, window, slopes, scale):
+    """o, lse, dq, dk, dv in float64 on q's device (autograd through the plain formulas; masks from flashedu.masks)."""
+    N_q, N_k, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    s = q64 @ k64.repeat_interleave(G, 1).transpose(-1, -2) * scale             # (B, H, N_q, N_k)
+    if slopes is not None:
+        s = s + torch.from_numpy(masks.alibi_bias(slopes, N_q, N_k)).to(q.device)
+    keep = torch.from_numpy(masks.visible(N_q, N_k, causal=causal, window_size=window)).to(q.device)
+    empty = ~keep.any(-1, keepdim=True)                                           # (N_q, 1) rows that see nothing
+    s = s.masked_fill(~keep, float("-inf")).masked_fill(empty, 0.0)
+    p = torch.softmax(s, -1).masked_fill(empty, 0.0)
+    o = p @ v64.repeat_interleave(G, 1)
+    o.backward(do.double())
+    lse = torch.logsumexp(s, -1).masked_fill(empty[:, 0], float("-inf"))
+    return o.detach(), lse.detach(), q64.grad, k64.grad, v64.grad
+
+
+def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
+    """PyTorch SDPA on the same inputs in their dtype: (backend, o, dq, dk, dv), NaN of empty rows set to 0.
+
+    Plain attention takes SDPA's default dispatch (FLASH for fp16/bf16). A mask or bias (bottom-right causal
+    with N_q != N_k, windows, ALiBi) goes to the EFFICIENT backend with K/V heads repeated for GQA: the default
+    would fall back to the MATH backend, which computes in fp32 internally and is no same-precision kernel.
+    The bias is passed in the inputs' dtype, as SDPA requires."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    N_q, N_k, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    if window is None and slopes is None and (not causal or N_q == N_k):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=G > 1)
+        backend = "default"
+    else:
+        keep = torch.from_numpy(masks.visible(N_q, N_k, causal=causal, window_size=window)).to(q.device)
+        bias = torch.zeros(keep.shape, device=q.device, dtype=torch.float64)
+        if slopes is not None:
+            bias = torch.from_numpy(masks.alibi_bias(slopes, N_q, N_k)).to(q.device)   # (H, N_q, N_k)
+        mask = bias.masked_fill(~keep, float("-inf")).to(q.dtype).expand(q.shape[0], q.shape[1], N_q, N_k)
+        backend = "efficient" if q.is_cuda else "default"
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) if q.is_cuda else contextlib.nullcontext():
+            o = F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
+                                               attn_mask=mask, scale=scale)
+    o.backward(do)
+    return (backend, *(torch.nan_to_num(x.detach(), nan=0.0) for x in (o, q.grad, k.grad, v.grad)))
+
+
+def within(x, ref, dtype, grad: bool) -> bool:
+    """|x - ref| <= atol + rtol |ref| elementwise with flashedu.testing's tolerance for dtype; infinities must match."""
+    tol = tolerance(dtype, grad=grad)
+    x, ref = x.double(), ref.double()
+    same_inf = torch.isinf(x) & torch.isinf(ref) & (x == ref)
+    diff = torch.where(same_inf, 0.0, (x - ref).abs())
+    return bool((diff <= tol.atol + tol.rtol * torch.where(same_inf, 0.0, ref.abs())).all())
+
+
+def _err(x, ref) -> float:
+    """Max |x - ref|; matching infinities (lse of empty rows) count as 0, any NaN as inf."""
+    return max_error(x, ref)[0]
+
+
+def check_case(case: dict) -> list[dict]:
+    """Run one case (fresh inputs) through the Triton kernels, SDPA and float64; one row per pass."""
+    from . import triton_attention as ta
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    q, k, v = random_qkv(case["B"], case["H"], case["N_q"], case["N_k"], case["d"], case["dtype"], H_kv=case["H_kv"],
+                         seed=seed, kind="torch", device=DEVICE)
+    do = torch.randn(q.shape, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(seed)).to(q.dtype)
+    slopes = masks.alibi_slopes(case["H"]) if case["alibi"] else None
+    opts = dict(causal=case["causal"], window=case["window"], slopes=slopes, scale=case["d"] ** -0.5)
+    o, lse = ta.forward(q, k, v, causal=case["causal"], window_size=case["window"], alibi_slopes=slopes)
+    grads = ta.backward(do, q, k, v, o, lse, causal=case["causal"], window_size=case["window"], alibi_slopes=slopes)
+    ref = float64_attention(q, k, v, do, **opts)
+    backend, *pt = sdpa_same_inputs(q, k, v, do, **opts)
+    extra = " ".join(x for x in (f"gqa {case['H']}/{case['H_kv']}" if case["H"] != case["H_kv"] else "",
+                                 f"window {case['window']}" if case["window"] else "",
+                                 "alibi" if case["alibi"] else "") if x)
+    row = {"impl": "flashedu-triton", "dtype": case["dtype"], "d": case["d"], "causal": case["causal"],
+           "N_q": case["N_q"], "N_k": case["N_k"], "B": case["B"], "H": case["H"], "H_kv": case["H_kv"],
+           "extra": extra, "seed": seed, "sdpa_backend": backend}
+    fp32 = case["dtype"] == "float32"
+    rule = lambda err, sdpa_err: fp32 or err <= 2 * sdpa_err + 1e-6  # noqa: E731  (fp16/bf16: flash-attn's rule)
+    lse_err = _err(lse, ref[1])
+    fwd = {**row, "pass": "fwd", "err": _err(o, ref[0]), "sdpa_err": _err(pt[0], ref[0]), "lse_err": lse_err,
+           "within_tolerance": within(o, ref[0], case["dtype"], False)}
+    fwd["ok"] = rule(fwd["err"], fwd["sdpa_err"]) and fwd["within_tolerance"] and lse_err <= 1e-3
+    worst = max(zip(("dq", "dk", "dv"), grads, ref[2:], pt[1:]),
+                key=lambda t: _err(t[1], t[2]) / (2 * _err(t[3], t[2]) + 1e-6))
+    bwd = {**row, "pass": "bwd", "err": _err(worst[1], worst[2]), "sdpa_err": _err(worst[3], worst[2]),
+           "worst": worst[0], "within_tolerance": all(within(g, r, case["dtype"], True) for g, r in zip(grads, ref[2:]))}
+    bwd["ok"] = rule(bwd["err"], bwd["sdpa_err"]) and bwd["within_tolerance"]
+    return [fwd, bwd]
+
+
+def _check_many(cases: list[dict]) -> list[dict]:
+    rows = []
+    for case in cases:
+        try:
+            rows += check_case(case)
+        except Exception as e:   # reported as a failing row, never hidden
+            rows.append({**{k: case[k] for k in ("dtype", "d", "causal", "N_q", "N_k")}, "impl": "flashedu-triton",
+                         "extra": "", "pass": "fwd", "err": float("inf"), "sdpa_err": None, "ok": False,
+                         "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    return rows
+
+
+def config_jobs(explore_too: bool) -> list[tuple]:
+    """(dtype, d, causal, kernel, config) for every config the autotuner may pick (fp16/bf16, d 64/128), and
+    with explore_too every config of EXPLORE (bf16)."""
+    from . import triton_attention as ta, triton_backward as tb
+
+    tables = {"fwd": ta._fwd_table, "dkdv": tb._dkdv_table, "dq": tb._dq_table}
+    jobs = {(dt, d, c, kern, tuple(cfg)) for dt in ("bfloat16", "float16") for d in (64, 128) for c in (False, True)
+            for kern, table in tables.items() for cfg in table(d, False)}
+    if explore_too:
+        jobs |= {("bfloat16", d, c, kern, tuple(cfg)) for (kern, d), cfgs in EXPLORE.items() for c in (False, True)
+                 for cfg in cfgs}
+    return sorted(jobs)
+
+
+def check_config(job: tuple) -> dict:
+    """Compile one kernel with one fixed launch config (filling triton's on-disk cache) and check its output
+    against float64 on a ragged input: the autotuner may pick any listed config, so each is checked."""
+    dtype, d, causal, kernel, cfg = job
+    q, k, v = random_qkv(1, 2048 // d // 4, 300, 300, d, dtype, seed=0, kind="torch", device=DEVICE)
+    do = torch.randn_like(q)
+    ref = float64_attention(q, k, v, do, causal=causal, window=None, slopes=None, scale=d ** -0.5)
+    o, lse = _run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
+    if kernel == "fwd":
+        got, want = _run_fixed("fwd", cfg, q, k, v, do, None, None, causal)[:1], ref[:1]
+    else:
+        dq, dk, dv = _run_fixed(kernel, cfg, q, k, v, do, o, lse, causal)
+        got, want = ((dk, dv), ref[3:]) if kernel == "dkdv" else ((dq,), ref[2:3])
+    tol = tolerance(dtype, grad=kernel != "fwd")
+    err = max(_err(g, w) for g, w in zip(got, want))
+    scale = max(w.abs().max().item() for w in want)
+    return {"kernel": kernel, "dtype": dtype, "d": d, "causal": causal, "config": list(cfg), "err": err,
+            "ok": err <= tol.atol + tol.rtol * scale}
+
+
+def _cfg(t):
+    return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
+
+
+def _kw(t):
+    return dict(block_m=t[0], block_n=t[1], num_warps=t[2], num_stages=t[3])
+
+
+def pool_map(fn, jobs, workers: int, log=print) -> list:
+    ctx = mp.get_context("spawn")
+    out = []
+    with ctx.Pool(workers) as pool:
+        for i, r in enumerate(pool.imap_unordered(fn, jobs)):
+            out.append(r)
+            if (i + 1) % max(len(jobs) // 8, 1) == 0:
+                log(f"  {i + 1}/{len(jobs)} done", flush=True)
+    return out
+
+
+def self_check() -> float:
+    """float64_attention against flashedu.reference on a small case; returns the max difference."""
+    q, k, v = random_qkv(1, 4, 37, 50, 32, "float32", H_kv=2, seed=1, kind="torch", device=DEVICE)
+    do = torch.randn_like(q)
+    opts = dict(causal=True, window=(20, -1), slopes=masks.alibi_slopes(4), scale=0.3)
+    mine = float64_attention(q, k, v, do, **opts)
+    kw = dict(causal=True, window_size=(20, -1), alibi_slopes=masks.alibi_slopes(4), softmax_scale=0.3)
+    ref = (*reference.forward(q, k, v, **kw), *reference.backward(do, q, k, v, **kw))
+    return max(_err(m.cpu(), torch.from_numpy(r)) for m, r in zip(mine, ref))
+
+
+# Fixed launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed one by one with --explore, bf16.
+EXPLORE = {
+    ("fwd", 64): [(128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3), (64, 64, 4, 3),
+                  (128, 128, 8, 2), (128, 64, 4, 4)],
+    ("fwd", 128): [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+                   (128, 32, 4, 4), (128, 128, 8, 3)],
+    ("dkdv", 64): [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 3), (64, 64, 4, 3), (16, 128, 8, 2)],
+    ("dkdv", 128): [(16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 1), (32, 64, 4, 2), (16, 64, 4, 2),
+                    (64, 128, 8, 2)],
+    ("dq", 64): [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3)],
+    ("dq", 128): [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 3)],
+}
+
+
+def _run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
+    from . import triton_attention as ta, triton_backward as tb
+
+    if kernel == "fwd":
+        return ta.forward(q, k, v, causal=causal, **_kw(cfg))
+    dims, scale, bounds, slopes, sb = ta.check_inputs(q, k, v, causal, None, None, None, "explore")
+    return tb._launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, sb, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
+
+
+def explore(Ns=(2048, 8192), log=print):
+    """Time each fixed config of EXPLORE one by one (bf16, B N = 16k tokens, causal and not)."""
+    plan = [(kernel, d, causal, cfg) for (kernel, d), cfgs in EXPLORE.items() for causal in (False, True)
+            for cfg in cfgs]
+    import triton.testing
+
+    from .traffic import attention_flops
+
+    rows = []
+    for N in Ns:
+        for kernel, d, causal, cfg in plan:
+            B, H = 16384 // N, 2048 // d
+            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            o, lse = _run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
+            ms = triton.testing.do_bench(lambda: _run_fixed(kernel, cfg, q, k, v, do, o, lse, causal),
+                                         warmup=25, rep=100, return_mode="median")
+            share = {"fwd": 1.0, "dkdv": 4 / 7 * 2.5, "dq": 3 / 7 * 2.5}[kernel]   # matmuls each pass does
+            tf = attention_flops(B, H, N, N, d, causal=causal) * share / (ms * 1e-3) / 1e12
+            rows.append({"kernel": kernel, "d": d, "causal": causal, "N": N, "config": list(cfg), "ms": ms,
+                         "tflops": tf})
+            log(f"explore {kernel:<5} d={d:<4} causal={causal!s:<6} N={N:<6} {cfg}  {ms:8.3f} ms  {tf:6.1f} TFLOP/s")
+    return rows
+
+
+def autotune_choices() -> list[dict]:
+    """The config the autotuner kept for each kernel and key in this process."""
+    from . import triton_attention as ta, triton_backward as tb
+
+    rows = []
+    for name, kern in (("fwd", ta._attn_fwd_tuned), ("dkdv", tb._attn_bwd_dkdv_tuned), ("dq", tb._attn_bwd_dq_tuned)):
+        for key, cfg in getattr(kern, "cache", {}).items():
+            rows.append({"kernel": name, "key": [str(x) for x in key], "config": [cfg.kwargs["BLOCK_M"],
+                         cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages]})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashedu.gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="notebooks/results/h200_attention.json")
+    p.add_argument("--quick", action="store_true", help="a smaller matrix and sweep")
+    p.add_argument("--explore", action="store_true", help="also time fixed launch configs one by one")
+    p.add_argument("--no-bench", action="store_true", help="correctness (and memory) only")
+    p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    a = p.parse_args(argv)
+    log = lambda *s, **kw: print(*s, **{"flush": True, **kw})  # noqa: E731
+    from . import bench_gpu
+
+    t0 = time.time()
+    log(f"float64 oracle on the GPU vs flashedu.reference: max diff {self_check():.1e}")
+    jobs = config_jobs(a.explore)
+    log(f"compiling and checking {len(jobs)} (kernel, launch config) pairs in {a.workers} processes")
+    configs = pool_map(check_config, jobs, a.workers, log)
+    for r in configs:
+        if not r["ok"]:
+            log("  CONFIG FAIL", json.dumps(r))
+    cases = matrix(a.quick)
+    chunks = [cases[i::a.workers * 2] for i in range(a.workers * 2)]
+    log(f"[{time.time() - t0:.0f}s] correctness: {len(cases)} cases")
+    correctness = [r for rows in pool_map(_check_many, chunks, a.workers, log) for r in rows]
+    bad = [r for r in correctness + configs if not r["ok"]]
+    log(f"[{time.time() - t0:.0f}s] correctness: {len(correctness) - len(bad)}/{len(correctness)} rows pass")
+    for r in bad:
+        log("  FAIL", json.dumps(r))
+    result = {"meta": {**bench_gpu.versions(), "command": "python -m flashedu.gpu_check " + " ".join(argv or sys.argv[1:]),
+                       "matmul_bf16_tflops": bench_gpu.matmul_tflops()},
+              "correctness": correctness, "configs": configs}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save = lambda: out.write_text(json.dumps(result, indent=1) + "\n")  # noqa: E731  (after every phase)
+    save()
+    if a.explore:
+        result["explore"] = explore(log=log)
+        save()
+    if not a.no_bench:
+        bench = bench_gpu.run(quick=a.quick, log=log)
+        result["timing"], result["refused"] = bench["timing"], bench["refused"]
+        result["meta"]["sweep"] = bench["meta"]["sweep"]
+        result["meta"]["autotuned"] = autotune_choices()
+        save()
+        log(bench_gpu.table(bench["timing"]))
+    result["memory"] = bench_gpu.measure_memory(log=log)
+    save()
+    log(f"[{time.time() - t0:.0f}s] wrote {a.out}; correctness {'PASS' if not bad else 'FAIL'}")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
