@@ -8,8 +8,9 @@ llm.c's order, "validate, then benchmark": each implementation first runs on fre
 causal and not, fully masked rows) against `flashedu.reference`; one that fails is refused: reported, not
 timed. Then a sweep with a plain-text progress bar, a table of wall time, TFLOP/s (`traffic.attention_flops`)
 and the time ratio to a baseline timed in the same run, and JSON in `notebooks/results/` with the date, the
-machine, the GPU and the versions. CPU sweep: NumPy `naive` and `tiled`, `torch_tiled`, PyTorch's SDPA. On a
-CUDA machine `flashedu.bench_gpu.run` times Triton against SDPA's FLASH, cuDNN and EFFICIENT backends.
+machine, the GPU and the versions (the environment variable FLASHEDU_RESULTS names another folder). CPU sweep:
+NumPy `naive` and `tiled`, `torch_tiled`, PyTorch's SDPA. On a CUDA machine `flashedu.bench_gpu.run` times
+Triton against SDPA's FLASH, cuDNN and EFFICIENT backends.
 
 Limits: CPU time is the median wall time of a few calls after a warm-up call, so it is noisy on a shared
 machine. Peak extra memory comes from tracemalloc during the warm-up call, which sees NumPy's allocations and
