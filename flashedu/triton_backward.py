@@ -272,15 +272,26 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, config, config)
 
 
+def preprocess(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """D = rowsum(dO * O), (B, H, N_q) float32, by `_attn_bwd_preprocess`: one program per 64 rows of a head."""
+    if o.shape != do.shape or o.ndim != 4:
+        raise ValueError(f"triton_backward.preprocess: o and do must share a (B, H, N_q, d) shape, got "
+                         f"{tuple(o.shape)} and {tuple(do.shape)}")
+    o, do = rows_contiguous(o), rows_contiguous(do)
+    B, H, N_q, d = o.shape
+    delta = torch.empty((B, H, N_q), device=o.device, dtype=torch.float32)
+    block = 64 if d <= 128 else 32
+    _attn_bwd_preprocess[(triton.cdiv(N_q, block), B * H)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, N_q,
+                                                           HEAD_DIM=d, BLOCK_M=block)
+    return delta
+
+
 def _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, cfg_dkdv, cfg_dq, kernels=("dkdv", "dq")):
     """Preprocess, then the dK/dV and dQ kernels, each with a fixed config or autotuned (config None)."""
     B, H, H_kv, N_q, N_k, d = dims
     q, k, v, o, do = (rows_contiguous(x) for x in (q, k, v, o, do))
     lse = lse.contiguous()
-    delta = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
-    pre_block = 64 if d <= 128 else 32
-    _attn_bwd_preprocess[(triton.cdiv(N_q, pre_block), B * H)](
-        o, do, delta, *o.stride()[:3], *do.stride()[:3], H, N_q, HEAD_DIM=d, BLOCK_M=pre_block)
+    delta = preprocess(o, do)
     flags, left, right = kernel_flags(q, scale, bounds, slopes is not None)
     dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=out_dtype(q, flags)) for x in (q, k, v))
     slopes = lse if slopes is None else slopes   # any float32 pointer when there is no ALiBi

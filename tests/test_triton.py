@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flashedu import IMPLEMENTATIONS, masks, reference, triton_attention as ta
-from flashedu.testing import assert_close, max_error
+from flashedu.testing import Tolerance, assert_close, max_error
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 gpu = pytest.mark.gpu
@@ -232,3 +232,76 @@ def test_gpu_kernels_match_reference_at_1k(dtype, causal, rng):
 def test_gpu_refuses_cpu_tensors():
     with pytest.raises(ValueError, match="got device cpu"):
         ta.forward(*_qkv())
+
+
+# ---- the teaching kernels and the host twin of the kernels' block ranges ----------------------------------------
+from flashedu import decoding, triton_backward as tb, triton_intro as ti  # noqa: E402
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _ranges_kernel(OUT, N_q, N_k, LEFT, RIGHT, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    first = tl.program_id(0) * BLOCK_M
+    last = tl.minimum(first + BLOCK_M, N_q) - 1
+    lo, full_lo, full_hi, hi = ta._block_range(first, last, N_k, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N)
+    tl.store(OUT + tl.program_id(0) * 4 + tl.arange(0, 4), tl.where(tl.arange(0, 4) == 0, lo, tl.where(
+        tl.arange(0, 4) == 1, full_lo, tl.where(tl.arange(0, 4) == 2, full_hi, hi))))
+
+
+@pytest.mark.parametrize("N_q,N_k,causal,window", [(70, 70, True, None), (37, 90, True, None), (90, 37, True, None),
+                                                   (64, 64, False, None), (50, 81, False, (7, 20)),
+                                                   (81, 50, True, (10, -1)), (40, 40, False, (0, 0)), (30, 90, False, (-1, 3))])
+def test_kernel_block_ranges_equal_the_host_twin_and_the_visibility_rule(N_q, N_k, causal, window):
+    bm, bn = 16, 32
+    bounds = ta.check_inputs(*_qkv(16, torch.float32, N_q, N_k, 1, 1), causal, None, window, None, "test")[2]
+    has_left, left, has_right, right = bounds
+    out = torch.zeros(triton.cdiv(N_q, bm) * 4, dtype=torch.int32)
+    _ranges_kernel[(triton.cdiv(N_q, bm),)](out, N_q, N_k, left, right, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+                                            BLOCK_M=bm, BLOCK_N=bn)
+    kinds = decoding.block_map(N_q, N_k, bm, bn, causal=causal, window_size=window)
+    for i, got in enumerate(out.view(-1, 4).tolist()):
+        first, last = i * bm, min(i * bm + bm, N_q) - 1
+        lo, full_lo, full_hi, hi = ti.kv_range(first, last, N_q, N_k, bn, causal=causal, window_size=window)
+        assert got == [lo, full_lo, full_hi, hi], (i, got)
+        for j, kind in enumerate(kinds[i]):
+            c = j * bn
+            if c < lo or c >= hi:
+                assert kind == "skip", (i, j)
+            elif full_lo <= c < full_hi:
+                assert kind == "full", (i, j)
+            else:   # a mask edge, or the ragged last block (visible, but its loads need the bounds mask)
+                assert kind == "partial" or c + bn > N_k, (i, j, kind)
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, (4, 9))])
+def test_teaching_kernels_give_reference_scores_and_probabilities(causal, window, make_qkv):
+    q, k, _ = make_qkv(1, 1, 37, 50, 32, "float32", kind="torch")
+    p_ref, lse = reference.probabilities(q, k, causal=causal, window_size=window)
+    keep = masks.visible(37, 50, causal=causal, window_size=window)
+    s_ref = np.where(keep, q[0, 0].double().numpy() @ k[0, 0].double().numpy().T / np.sqrt(32), -np.inf)
+    assert_close(ti.scores(q[0, 0], k[0, 0], causal=causal, window_size=window), s_ref, dtype="float32")
+    p = ti.probabilities(q[0, 0], k[0, 0], torch.from_numpy(lse[0, 0]), causal=causal, window_size=window)
+    assert_close(p, p_ref[0, 0], dtype="float32")
+
+
+def test_probabilities_of_rows_that_see_nothing_are_zero_not_nan(make_qkv):
+    q, k, _ = make_qkv(1, 1, 40, 21, 16, "float16", kind="torch")
+    _, lse = reference.probabilities(q, k, causal=True)
+    p = ti.probabilities(q[0, 0], k[0, 0], torch.from_numpy(lse[0, 0]), causal=True)
+    assert not torch.isnan(p).any() and torch.all(p[:19] == 0)
+    with pytest.raises(ValueError, match=r"lse must have shape \(N_q,\) = \(40,\)"):
+        ti.probabilities(q[0, 0], k[0, 0], torch.zeros(39))
+    with pytest.raises(ValueError, match="must be 2D"):
+        ti.scores(q, k)
+
+
+def test_preprocess_is_the_row_sum_of_do_times_o(make_qkv, rng):
+    o, do, _ = make_qkv(2, 3, 70, 70, 64, "float16", kind="torch")
+    delta = tb.preprocess(o, do)
+    assert delta.dtype == torch.float32 and delta.shape == (2, 3, 70)
+    assert_close(delta, (o.double() * do.double()).sum(-1), tol=Tolerance(1e-5, 1e-6))
+    with pytest.raises(ValueError, match="must share a"):
+        tb.preprocess(o, do[:, :, :5])
