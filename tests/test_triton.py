@@ -10,15 +10,24 @@ import pytest
 import torch
 
 from flashedu import IMPLEMENTATIONS, masks, reference, triton_attention as ta
-from flashedu.testing import Tolerance, assert_close, max_error
+from flashedu.testing import Tolerance, assert_close, max_error, random_qkv
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CPU runs the interpreter)")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # the kernels take CUDA tensors on a GPU machine
+
+
+@pytest.fixture
+def make_qkv(rng):
+    """conftest's fresh seeded draw, as torch tensors on the kernels' device."""
+    def make(B, H, N_q, N_k, d, dtype="float32", *, H_kv=None, kind="torch", scale=1.0):
+        return random_qkv(B, H, N_q, N_k, d, dtype, H_kv=H_kv, seed=rng, kind="torch", device=DEVICE, scale=scale)
+    return make
 
 
 def _grad_out(rng, o):
-    return torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(o.dtype)
+    return torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(device=o.device, dtype=o.dtype)
 
 
 def _check(make_qkv, rng, B, H, H_kv, N_q, N_k, d, dtype, *, scale=1.0, **opts):
@@ -99,7 +108,7 @@ def test_alibi_slopes_per_batch_match_reference_batch_by_batch(make_qkv, rng):
 
 def test_fully_masked_rows_are_zero_not_nan(make_qkv, rng):
     o, lse, (dq, dk, dv) = _check(make_qkv, rng, 1, 2, 2, 40, 21, 16, "float16", causal=True)
-    empty = ~masks.visible(40, 21, causal=True).any(axis=1)           # the first 19 query rows
+    empty = torch.from_numpy(~masks.visible(40, 21, causal=True).any(axis=1)).to(o.device)   # the first 19 rows
     assert empty.sum() == 19
     assert torch.all(o[:, :, empty] == 0) and torch.all(dq[:, :, empty] == 0)
     assert torch.all(torch.isneginf(lse[:, :, empty])) and torch.isfinite(lse[:, :, ~empty]).all()
@@ -112,7 +121,7 @@ def test_huge_logits_stay_finite_and_as_exact_as_torch_fp32(make_qkv, rng):
     scale = 1e4 / 16                                                   # |q.k| ~ 4, so logits ~ 1e4
     o, lse = ta.forward(q, k, v, causal=True, softmax_scale=scale)
     o_ref, _ = reference.forward(q, k, v, causal=True, softmax_scale=scale)
-    mask = torch.from_numpy(masks.visible(33, 40, causal=True))
+    mask = torch.from_numpy(masks.visible(33, 40, causal=True)).to(DEVICE)
     o_torch = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     assert max_error(o, o_ref)[0] <= 2 * max_error(o_torch, o_ref)[0] + 1e-5
@@ -161,9 +170,8 @@ def test_registry_entry_runs_the_kernels(make_qkv):
 
 
 # ---- every error path names the argument and the value -------------------------------------------------------
-def _qkv(d=16, dtype=torch.float32, N_q=8, N_k=8, H=2, H_kv=2):
-    return torch.randn(1, H, N_q, d, dtype=dtype), torch.randn(1, H_kv, N_k, d, dtype=dtype), \
-        torch.randn(1, H_kv, N_k, d, dtype=dtype)
+def _qkv(d=16, dtype=torch.float32, N_q=8, N_k=8, H=2, H_kv=2, device=DEVICE):
+    return tuple(torch.randn(1, h, n, d, dtype=dtype, device=device) for h, n in ((H, N_q), (H_kv, N_k), (H_kv, N_k)))
 
 
 @pytest.mark.parametrize("make,kw,err,match", [
@@ -175,7 +183,7 @@ def _qkv(d=16, dtype=torch.float32, N_q=8, N_k=8, H=2, H_kv=2):
      "k and v must have the same shape"),
     (lambda: (torch.randn(2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)), {}, ValueError,
      r"q must have shape \(B, H, N, d\)"),
-    (lambda: tuple(x.numpy() for x in _qkv()), {}, TypeError, "q must be a torch.Tensor, got numpy.ndarray"),
+    (lambda: tuple(x.cpu().numpy() for x in _qkv()), {}, TypeError, "q must be a torch.Tensor, got numpy.ndarray"),
     (lambda: _qkv(), {"alibi_slopes": [0.5, 0.5, 0.5]}, ValueError, r"alibi_slopes must have shape \(H,\) = \(2,\)"),
     (lambda: _qkv(), {"alibi_slopes": [0.5, float("nan")]}, ValueError, "alibi_slopes must be finite"),
     (lambda: _qkv(), {"window_size": (2, -3)}, ValueError, "window_size entries must be >= 0"),
@@ -193,7 +201,7 @@ def test_forward_rejects_bad_input_by_name(make, kw, err, match):
 def test_cpu_tensors_are_refused_when_kernels_compile_for_a_gpu(monkeypatch):
     monkeypatch.setattr(ta, "INTERPRETER", False)
     with pytest.raises(ValueError, match="must be CUDA tensors on a GPU machine, got device cpu"):
-        ta.forward(*_qkv())
+        ta.forward(*_qkv(device="cpu"))
 
 
 @pytest.mark.parametrize("change,err,match", [
@@ -216,8 +224,6 @@ def test_backward_rejects_bad_input_by_name(change, err, match):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_kernels_match_reference_at_1k(dtype, causal, rng):
-    from flashedu.testing import random_qkv
-
     q, k, v = random_qkv(1, 4, 1000, 1100, 128, dtype, H_kv=2, seed=rng, kind="torch", device="cuda")
     o, lse = ta.forward(q, k, v, causal=causal)
     o_ref, lse_ref = reference.forward(q, k, v, causal=causal)
@@ -231,7 +237,7 @@ def test_gpu_kernels_match_reference_at_1k(dtype, causal, rng):
 @needs_cuda
 def test_gpu_refuses_cpu_tensors():
     with pytest.raises(ValueError, match="got device cpu"):
-        ta.forward(*_qkv())
+        ta.forward(*_qkv(device="cpu"))
 
 
 # ---- the teaching kernels and the host twin of the kernels' block ranges ----------------------------------------
@@ -258,7 +264,7 @@ def test_kernel_block_ranges_equal_the_host_twin_and_the_visibility_rule(N_q, N_
     bm, bn = 16, 32
     bounds = ta.check_inputs(*_qkv(16, torch.float32, N_q, N_k, 1, 1), causal, None, window, None, "test")[2]
     has_left, left, has_right, right = bounds
-    out = torch.zeros(triton.cdiv(N_q, bm) * 4, dtype=torch.int32)
+    out = torch.zeros(triton.cdiv(N_q, bm) * 4, dtype=torch.int32, device=DEVICE)
     _ranges_kernel[(triton.cdiv(N_q, bm),)](out, N_q, N_k, left, right, HAS_LEFT=has_left, HAS_RIGHT=has_right,
                                             BLOCK_M=bm, BLOCK_N=bn)
     kinds = decoding.block_map(N_q, N_k, bm, bn, causal=causal, window_size=window)
@@ -281,19 +287,19 @@ def test_teaching_kernels_give_reference_scores_and_probabilities(causal, window
     q, k, _ = make_qkv(1, 1, 37, 50, 32, "float32", kind="torch")
     p_ref, lse = reference.probabilities(q, k, causal=causal, window_size=window)
     keep = masks.visible(37, 50, causal=causal, window_size=window)
-    s_ref = np.where(keep, q[0, 0].double().numpy() @ k[0, 0].double().numpy().T / np.sqrt(32), -np.inf)
+    s_ref = np.where(keep, q[0, 0].double().cpu().numpy() @ k[0, 0].double().cpu().numpy().T / np.sqrt(32), -np.inf)
     assert_close(ti.scores(q[0, 0], k[0, 0], causal=causal, window_size=window), s_ref, dtype="float32")
-    p = ti.probabilities(q[0, 0], k[0, 0], torch.from_numpy(lse[0, 0]), causal=causal, window_size=window)
+    p = ti.probabilities(q[0, 0], k[0, 0], torch.from_numpy(lse[0, 0]).to(DEVICE), causal=causal, window_size=window)
     assert_close(p, p_ref[0, 0], dtype="float32")
 
 
 def test_probabilities_of_rows_that_see_nothing_are_zero_not_nan(make_qkv):
     q, k, _ = make_qkv(1, 1, 40, 21, 16, "float16", kind="torch")
     _, lse = reference.probabilities(q, k, causal=True)
-    p = ti.probabilities(q[0, 0], k[0, 0], torch.from_numpy(lse[0, 0]), causal=True)
+    p = ti.probabilities(q[0, 0], k[0, 0], torch.from_numpy(lse[0, 0]).to(DEVICE), causal=True)
     assert not torch.isnan(p).any() and torch.all(p[:19] == 0)
     with pytest.raises(ValueError, match=r"lse must have shape \(N_q,\) = \(40,\)"):
-        ti.probabilities(q[0, 0], k[0, 0], torch.zeros(39))
+        ti.probabilities(q[0, 0], k[0, 0], torch.zeros(39, device=DEVICE))
     with pytest.raises(ValueError, match="must be 2D"):
         ti.scores(q, k)
 
