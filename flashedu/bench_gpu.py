@@ -10,7 +10,9 @@ when causal; forward + backward 3.5x that. Each time is the median of `triton.te
 L2 flushed between calls) after the kernels are compiled and autotuned on the same shapes.
 
 Before a (dtype, d, causal) group is timed, each implementation's output on a small input is compared with a
-float64 computation; one that misses the dtype's tolerance is reported and not timed.
+float64 computation; one that misses the dtype's tolerance is reported and not timed. Also here: peak memory
+against context length (`measure_memory`), the bf16 matmul ceiling (`matmul_tflops`), and `explore`, which times
+fixed launch configs one kernel at a time (how the autotuning tables were chosen).
 
 Introduced in notebooks/08_benchmarks.ipynb (the kernels in notebooks/06_triton_forward.ipynb).
 """
@@ -191,3 +193,55 @@ def matmul_tflops(n: int = 8192) -> float:
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
     return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+# Fixed launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed one by one with --explore, bf16.
+EXPLORE = {
+    ("fwd", 64): [(128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3), (64, 64, 4, 3),
+                  (128, 128, 8, 2), (128, 64, 4, 4)],
+    ("fwd", 128): [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+                   (128, 32, 4, 4), (128, 128, 8, 3)],
+    ("dkdv", 64): [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 3), (64, 64, 4, 3), (16, 128, 8, 2)],
+    ("dkdv", 128): [(16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 1), (32, 64, 4, 2), (16, 64, 4, 2),
+                    (64, 128, 8, 2)],
+    ("dq", 64): [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3)],
+    ("dq", 128): [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 3)],
+}
+
+
+def run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
+    """Run one kernel ("fwd", "dkdv" or "dq") with a fixed launch config (BLOCK_M, BLOCK_N, warps, stages)."""
+    from . import triton_backward as tb
+
+    if kernel == "fwd":
+        return ta.forward(q, k, v, causal=causal, **_kw(cfg))
+    dims, scale, bounds, slopes, sb = ta.check_inputs(q, k, v, causal, None, None, None, "explore")
+    return tb._launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, sb, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
+
+
+def explore(Ns=(2048, 8192), log=print):
+    """Time each fixed config of EXPLORE one by one (bf16, B N = 16k tokens, causal and not)."""
+    plan = [(kernel, d, causal, cfg) for (kernel, d), cfgs in EXPLORE.items() for causal in (False, True)
+            for cfg in cfgs]
+    rows = []
+    for N in Ns:
+        for kernel, d, causal, cfg in plan:
+            B, H = 16384 // N, 2048 // d
+            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            o, lse = run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
+            ms = triton.testing.do_bench(lambda: run_fixed(kernel, cfg, q, k, v, do, o, lse, causal),
+                                         warmup=25, rep=100, return_mode="median")
+            share = {"fwd": 1.0, "dkdv": 4 / 7 * 2.5, "dq": 3 / 7 * 2.5}[kernel]   # matmuls each pass does
+            tf = attention_flops(B, H, N, N, d, causal=causal) * share / (ms * 1e-3) / 1e12
+            rows.append({"kernel": kernel, "d": d, "causal": causal, "N": N, "config": list(cfg), "ms": ms,
+                         "tflops": tf})
+            log(f"explore {kernel:<5} d={d:<4} causal={causal!s:<6} N={N:<6} {cfg}  {ms:8.3f} ms  {tf:6.1f} TFLOP/s")
+    return rows
+
+
+def _cfg(t):
+    return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
+
+
+def _kw(t):
+    return dict(block_m=t[0], block_n=t[1], num_warps=t[2], num_stages=t[3])

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from . import masks, reference
+from . import bench_gpu
+from .bench_gpu import EXPLORE, explore, run_fixed
 from .testing import max_error, random_qkv, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # "cpu" only for dry runs under the interpreter
@@ -185,25 +187,17 @@ def check_config(job: tuple) -> dict:
     q, k, v = random_qkv(1, 2048 // d // 4, 300, 300, d, dtype, seed=0, kind="torch", device=DEVICE)
     do = torch.randn_like(q)
     ref = float64_attention(q, k, v, do, causal=causal, window=None, slopes=None, scale=d ** -0.5)
-    o, lse = _run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
+    o, lse = run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
     if kernel == "fwd":
-        got, want = _run_fixed("fwd", cfg, q, k, v, do, None, None, causal)[:1], ref[:1]
+        got, want = run_fixed("fwd", cfg, q, k, v, do, None, None, causal)[:1], ref[:1]
     else:
-        dq, dk, dv = _run_fixed(kernel, cfg, q, k, v, do, o, lse, causal)
+        dq, dk, dv = run_fixed(kernel, cfg, q, k, v, do, o, lse, causal)
         got, want = ((dk, dv), ref[3:]) if kernel == "dkdv" else ((dq,), ref[2:3])
     tol = tolerance(dtype, grad=kernel != "fwd")
     err = max(_err(g, w) for g, w in zip(got, want))
     scale = max(w.abs().max().item() for w in want)
     return {"kernel": kernel, "dtype": dtype, "d": d, "causal": causal, "config": list(cfg), "err": err,
             "ok": err <= tol.atol + tol.rtol * scale}
-
-
-def _cfg(t):
-    return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
-
-
-def _kw(t):
-    return dict(block_m=t[0], block_n=t[1], num_warps=t[2], num_stages=t[3])
 
 
 def pool_map(fn, jobs, workers: int, log=print) -> list:
@@ -228,53 +222,6 @@ def self_check() -> float:
     return max(_err(m.cpu(), torch.from_numpy(r)) for m, r in zip(mine, ref))
 
 
-# Fixed launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) timed one by one with --explore, bf16.
-EXPLORE = {
-    ("fwd", 64): [(128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3), (64, 64, 4, 3),
-                  (128, 128, 8, 2), (128, 64, 4, 4)],
-    ("fwd", 128): [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
-                   (128, 32, 4, 4), (128, 128, 8, 3)],
-    ("dkdv", 64): [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 3), (64, 64, 4, 3), (16, 128, 8, 2)],
-    ("dkdv", 128): [(16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 1), (32, 64, 4, 2), (16, 64, 4, 2),
-                    (64, 128, 8, 2)],
-    ("dq", 64): [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3)],
-    ("dq", 128): [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 3)],
-}
-
-
-def _run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
-    from . import triton_attention as ta, triton_backward as tb
-
-    if kernel == "fwd":
-        return ta.forward(q, k, v, causal=causal, **_kw(cfg))
-    dims, scale, bounds, slopes, sb = ta.check_inputs(q, k, v, causal, None, None, None, "explore")
-    return tb._launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, sb, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
-
-
-def explore(Ns=(2048, 8192), log=print):
-    """Time each fixed config of EXPLORE one by one (bf16, B N = 16k tokens, causal and not)."""
-    plan = [(kernel, d, causal, cfg) for (kernel, d), cfgs in EXPLORE.items() for causal in (False, True)
-            for cfg in cfgs]
-    import triton.testing
-
-    from .traffic import attention_flops
-
-    rows = []
-    for N in Ns:
-        for kernel, d, causal, cfg in plan:
-            B, H = 16384 // N, 2048 // d
-            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            o, lse = _run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
-            ms = triton.testing.do_bench(lambda: _run_fixed(kernel, cfg, q, k, v, do, o, lse, causal),
-                                         warmup=25, rep=100, return_mode="median")
-            share = {"fwd": 1.0, "dkdv": 4 / 7 * 2.5, "dq": 3 / 7 * 2.5}[kernel]   # matmuls each pass does
-            tf = attention_flops(B, H, N, N, d, causal=causal) * share / (ms * 1e-3) / 1e12
-            rows.append({"kernel": kernel, "d": d, "causal": causal, "N": N, "config": list(cfg), "ms": ms,
-                         "tflops": tf})
-            log(f"explore {kernel:<5} d={d:<4} causal={causal!s:<6} N={N:<6} {cfg}  {ms:8.3f} ms  {tf:6.1f} TFLOP/s")
-    return rows
-
-
 def autotune_choices() -> list[dict]:
     """The config the autotuner kept for each kernel and key in this process."""
     from . import triton_attention as ta, triton_backward as tb
@@ -287,6 +234,25 @@ def autotune_choices() -> list[dict]:
     return rows
 
 
+def check_everything(workers: int, quick: bool, explore_too: bool, log=print) -> tuple[list[dict], list[dict]]:
+    """Every launch config, then the correctness matrix, in `workers` processes: (config rows, case rows)."""
+    t0 = time.time()
+    log(f"float64 oracle on the GPU vs flashedu.reference: max diff {self_check():.1e}")
+    jobs = config_jobs(explore_too)
+    log(f"compiling and checking {len(jobs)} (kernel, launch config) pairs in {workers} processes")
+    configs = pool_map(check_config, jobs, workers, log)
+    cases = matrix(quick)
+    log(f"[{time.time() - t0:.0f}s] correctness: {len(cases)} cases")
+    chunks = [cases[i::workers * 2] for i in range(workers * 2)]
+    correctness = [r for rows in pool_map(_check_many, chunks, workers, log) for r in rows]
+    log(f"[{time.time() - t0:.0f}s] configs: {sum(r['ok'] for r in configs)}/{len(configs)} pass; correctness: "
+        f"{sum(r['ok'] for r in correctness)}/{len(correctness)} rows pass")
+    for r in configs + correctness:
+        if not r["ok"]:
+            log("  FAIL", json.dumps(r))
+    return configs, correctness
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashedu.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="notebooks/results/h200_attention.json")
@@ -296,24 +262,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     a = p.parse_args(argv)
     log = lambda *s, **kw: print(*s, **{"flush": True, **kw})  # noqa: E731
-    from . import bench_gpu
-
-    t0 = time.time()
-    log(f"float64 oracle on the GPU vs flashedu.reference: max diff {self_check():.1e}")
-    jobs = config_jobs(a.explore)
-    log(f"compiling and checking {len(jobs)} (kernel, launch config) pairs in {a.workers} processes")
-    configs = pool_map(check_config, jobs, a.workers, log)
-    for r in configs:
-        if not r["ok"]:
-            log("  CONFIG FAIL", json.dumps(r))
-    cases = matrix(a.quick)
-    chunks = [cases[i::a.workers * 2] for i in range(a.workers * 2)]
-    log(f"[{time.time() - t0:.0f}s] correctness: {len(cases)} cases")
-    correctness = [r for rows in pool_map(_check_many, chunks, a.workers, log) for r in rows]
-    bad = [r for r in correctness + configs if not r["ok"]]
-    log(f"[{time.time() - t0:.0f}s] correctness: {len(correctness) - len(bad)}/{len(correctness)} rows pass")
-    for r in bad:
-        log("  FAIL", json.dumps(r))
+    configs, correctness = check_everything(a.workers, a.quick, a.explore, log)
+    ok = all(r["ok"] for r in configs + correctness)
     result = {"meta": {**bench_gpu.versions(), "command": "python -m flashedu.gpu_check " + " ".join(argv or sys.argv[1:]),
                        "matmul_bf16_tflops": bench_gpu.matmul_tflops()},
               "correctness": correctness, "configs": configs}
@@ -327,14 +277,13 @@ def main(argv=None) -> int:
     if not a.no_bench:
         bench = bench_gpu.run(quick=a.quick, log=log)
         result["timing"], result["refused"] = bench["timing"], bench["refused"]
-        result["meta"]["sweep"] = bench["meta"]["sweep"]
-        result["meta"]["autotuned"] = autotune_choices()
+        result["meta"].update(sweep=bench["meta"]["sweep"], autotuned=autotune_choices())
         save()
         log(bench_gpu.table(bench["timing"]))
     result["memory"] = bench_gpu.measure_memory(log=log)
     save()
-    log(f"[{time.time() - t0:.0f}s] wrote {a.out}; correctness {'PASS' if not bad else 'FAIL'}")
-    return 0 if not bad else 1
+    log(f"wrote {a.out}; correctness {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

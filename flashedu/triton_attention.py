@@ -3,7 +3,7 @@
 One source runs everywhere: on a CUDA GPU it compiles to tensor-core code (autotuned block sizes, warps and
 pipeline stages); on a machine without one, `flashedu._env` has set TRITON_INTERPRET=1 before triton loaded,
 so the same kernels run on CPU tensors, slowly, with one small fixed block size. The backward kernels live in
-`flashedu.triton_backward` and are re-exported here.
+`flashedu.triton_backward` (`backward` is re-exported here); validation and autotuning in `flashedu.triton_launch`.
 
 Structure (Dao 2023, FlashAttention-2, Alg. 1): one program per (block of BLOCK_M query rows, batch, head).
 q_i stays on chip while K and V stream past in blocks of BLOCK_N rows (B_r and B_c in the paper), with the
@@ -18,25 +18,25 @@ Limits: no dropout; the last dimension must be contiguous (other strides are fre
 dimension is strided is copied once); under the interpreter bf16 tiles are upcast to fp32 before `tl.dot`
 (the interpreter's bf16 dot is wrong), so CPU runs are slightly more exact than the GPU for bf16.
 
+Measured on an H200 (notebooks/results/GPU_NOTES.md): 1.27-1.57x PyTorch SDPA's FLASH backend forward and
+1.19-1.34x forward + backward at N >= 2048, bf16/fp16, d 64/128; 0.67-0.97x its cuDNN backend. Tuned only where
+benchmarked (fp16/bf16, d 64 and 128, no window or ALiBi); elsewhere the first config of each table runs.
+
 Introduced in notebooks/06_triton_forward.ipynb (forward) and notebooks/07_triton_backward.ipynb (backward).
 """
 from __future__ import annotations
 
 import torch
 
-from . import _env
-from ._validate import check_qkv, check_window, resolve_scale
 from .autograd import flash_attention
+from .triton_launch import (DTYPES, HEAD_DIMS, INTERPRETER, MASK_KEY, autotuned, check_inputs, kernel_flags,  # noqa: F401
+                            launch, launch_config, n_key, out_dtype, rows_contiguous)
 
 import triton  # noqa: E402  (after _env, which may set TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-INTERPRETER = _env.INTERPRETER
-HEAD_DIMS = (16, 32, 64, 128, 256)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634   # exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453     # lse = lse_2 * ln(2)
-_FIXED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)   # the interpreter's one config
 
 
 @triton.jit
@@ -181,26 +181,8 @@ def _attn_fwd(Q, K, V, O, LSE, SLOPES,
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Launch configurations. On a GPU the autotuner times a short list per head dim (keyed on N bucket, d and the mask
-# flags; dtypes are part of triton's key) and keeps the fastest; the interpreter runs one small config.
+# Launch: autotuned on a GPU over this table (flashedu.triton_launch), one fixed config under the interpreter
 # ---------------------------------------------------------------------------------------------------------------
-def _cfg(block_m, block_n, num_warps, num_stages):
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
-
-
-def _prune(table):
-    """early_config_prune for triton.autotune: keep the configs listed for this head dim (and dtype width)."""
-    def prune(configs, nargs, **kwargs):
-        d, wide = kwargs["HEAD_DIM"], nargs["Q"].element_size() == 4
-        listed = table(d, wide)
-        if wide or d not in (64, 128) or kwargs["HAS_LEFT"] or kwargs["HAS_ALIBI"]:
-            listed = listed[:1]   # tuned where it is benchmarked; elsewhere the first (safe) entry
-        keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                in listed]
-        return keep or configs[:1]
-    return prune
-
-
 def _fwd_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) candidates; the first is used untuned (fp32, d 16/32/256, window, ALiBi).
     Chosen from sm_90 compiles without register spills and H200 timings (notebooks/results/GPU_NOTES.md)."""
@@ -213,107 +195,7 @@ def _fwd_table(d, wide):
     return [(64, 32, 4, 3)]
 
 
-def _all_configs(*tables):
-    seen = {cfg for table in tables for d in HEAD_DIMS for wide in (False, True) for cfg in table(d, wide)}
-    return [_cfg(*c) for c in sorted(seen)]
-
-
-def _autotune_bench(fn, quantiles):
-    return triton.testing.do_bench(fn, warmup=10, rep=50, quantiles=quantiles)
-
-
-def autotuned(kernel, table, key):
-    """`kernel` wrapped in triton.autotune over `table` on a GPU; the bare kernel under the interpreter."""
-    if INTERPRETER:
-        return kernel
-    return triton.autotune(configs=_all_configs(table), key=key, prune_configs_by={"early_config_prune": _prune(table)},
-                           do_bench=_autotune_bench)(kernel)
-
-
-MASK_KEY = ["N_KEY", "HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "HAS_ALIBI"]
 _attn_fwd_tuned = autotuned(_attn_fwd, _fwd_table, MASK_KEY)
-
-
-def n_key(N_q: int, N_k: int) -> int:
-    """Autotuning bucket for the sequence lengths: next power of two, clipped to [512, 8192]."""
-    return min(max(triton.next_power_of_2(max(N_q, N_k)), 512), 8192)
-
-
-def launch_config(block_m=None, block_n=None, num_warps=None, num_stages=None) -> dict | None:
-    """A fixed launch config from explicit block sizes; None (autotune on a GPU) when no block size is given."""
-    if block_m is None and block_n is None:
-        return dict(_FIXED) if INTERPRETER else None
-    block_m = _FIXED["BLOCK_M"] if block_m is None else block_m
-    block_n = _FIXED["BLOCK_N"] if block_n is None else block_n
-    for arg, val in (("block_m", block_m), ("block_n", block_n)):
-        if not isinstance(val, int) or val < 16 or val & (val - 1):
-            raise ValueError(f"triton_attention: {arg} must be a power of two >= 16, got {val!r}")
-    warps = num_warps or (8 if block_m * block_n >= 128 * 128 else 4)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=num_stages or (1 if INTERPRETER else 2))
-
-
-def launch(tuned, raw, grid, args, kw, config):
-    """Run `raw` with a fixed config, or the autotuned kernel when config is None."""
-    if config is None:
-        tuned[grid](*args, **kw)
-    else:
-        raw[grid](*args, **kw, **config)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Validation: every misuse fails here, before any launch, with the argument and the value named.
-# ---------------------------------------------------------------------------------------------------------------
-def check_inputs(q, k, v, causal, softmax_scale, window_size, alibi_slopes, name):
-    """Validate and normalise. Returns (dims, scale, (HAS_LEFT, LEFT, HAS_RIGHT, RIGHT), slopes, stride_sb)."""
-    dims = check_qkv(q, k, v, name=name, kind="torch")
-    B, H, _, _, _, d = dims
-    if q.dtype not in DTYPES:
-        raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {q.dtype}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head dimension d={d} is not supported by the kernels; expected one of {HEAD_DIMS}")
-    if not INTERPRETER and q.device.type != "cuda":
-        raise ValueError(f"{name}: q, k, v must be CUDA tensors on a GPU machine, got device {q.device} "
-                         "(CPU tensors run only under TRITON_INTERPRET=1)")
-    scale = resolve_scale(softmax_scale, d, name=name)
-    left, right = check_window(window_size, name=name) or (-1, -1)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    bounds = (left >= 0, max(left, 0), right >= 0, max(right, 0))
-    slopes, stride_sb = _check_slopes(alibi_slopes, B, H, q.device, name)
-    return dims, scale, bounds, slopes, stride_sb
-
-
-def _check_slopes(alibi_slopes, B, H, device, name):
-    if alibi_slopes is None:
-        return None, 0
-    slopes = torch.as_tensor(alibi_slopes, dtype=torch.float32)
-    if tuple(slopes.shape) not in ((H,), (B, H)):
-        raise ValueError(f"{name}: alibi_slopes must have shape (H,) = ({H},) or (B, H) = ({B}, {H}), "
-                         f"got {tuple(slopes.shape)}")
-    if not torch.isfinite(slopes).all():
-        raise ValueError(f"{name}: alibi_slopes must be finite, got {slopes.tolist()}")
-    if slopes.device != device and slopes.device.type != "cpu":
-        raise ValueError(f"{name}: alibi_slopes must be on q's device {device}, got {slopes.device}")
-    return slopes.to(device).contiguous(), (H if slopes.ndim == 2 else 0)
-
-
-def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """The kernels need unit stride along d; any other strides are passed through."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def kernel_flags(q, scale, bounds, has_alibi):
-    has_left, left, has_right, right = bounds
-    upcast = INTERPRETER and q.dtype == torch.bfloat16   # the interpreter's bf16 tl.dot is wrong
-    precision = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
-    return dict(HEAD_DIM=q.shape[-1], HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_ALIBI=has_alibi,
-                UPCAST=upcast, PRECISION=precision), left, right
-
-
-def out_dtype(q, flags):
-    """The kernels store q's dtype, except bf16 under the interpreter: its fp32 -> bf16 cast truncates, so the
-    kernels store fp32 there and torch rounds to nearest, as the GPU does."""
-    return torch.float32 if flags["UPCAST"] else q.dtype
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_backward
-from .triton_attention import (LOG2E, MASK_KEY, _alibi, _block_range, _visible, autotuned,
-                               check_inputs, kernel_flags, launch, launch_config, n_key, out_dtype, rows_contiguous)
+from .triton_attention import LOG2E, _alibi, _block_range, _visible
+from .triton_launch import (MASK_KEY, autotuned, check_inputs, kernel_flags, launch, launch_config, n_key, out_dtype,
+                            rows_contiguous)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from .traffic import band
-from .triton_attention import LOG2E, _visible, check_inputs, kernel_flags
+from .triton_attention import LOG2E, _visible
+from .triton_launch import check_inputs, kernel_flags
 
 import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
 import triton.language as tl  # noqa: E402

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashedu import IMPLEMENTATIONS, masks, reference, triton_attention as ta
+from flashedu import IMPLEMENTATIONS, masks, reference, triton_attention as ta, triton_launch
 from flashedu.testing import Tolerance, assert_close, max_error, random_qkv
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -199,7 +199,7 @@ def test_forward_rejects_bad_input_by_name(make, kw, err, match):
 
 
 def test_cpu_tensors_are_refused_when_kernels_compile_for_a_gpu(monkeypatch):
-    monkeypatch.setattr(ta, "INTERPRETER", False)
+    monkeypatch.setattr(triton_launch, "INTERPRETER", False)
     with pytest.raises(ValueError, match="must be CUDA tensors on a GPU machine, got device cpu"):
         ta.forward(*_qkv(device="cpu"))
 
@@ -311,3 +311,26 @@ def test_preprocess_is_the_row_sum_of_do_times_o(make_qkv, rng):
     assert_close(delta, (o.double() * do.double()).sum(-1), tol=Tolerance(1e-5, 1e-6))
     with pytest.raises(ValueError, match="must share a"):
         tb.preprocess(o, do[:, :, :5])
+
+
+# ---- the GPU check's own pieces, on whatever device is here ---------------------------------------------------
+def test_gpu_check_oracle_matches_reference_and_grades_a_case():
+    from flashedu import gpu_check
+
+    assert gpu_check.self_check() < 1e-12
+    case = dict(dtype="float16", d=16, causal=True, N_q=40, N_k=21, B=1, H=2, H_kv=1, window=None, alibi=False)
+    fwd, bwd = gpu_check.check_case(case)
+    assert (fwd["pass"], bwd["pass"]) == ("fwd", "bwd") and fwd["ok"] and bwd["ok"], (fwd, bwd)
+    assert fwd["within_tolerance"] and bwd["worst"] in ("dq", "dk", "dv") and fwd["extra"] == "gqa 2/1"
+    cases = gpu_check.matrix()
+    assert {c["dtype"] for c in cases} == {"float16", "bfloat16", "float32"} and {16, 32, 64, 128, 256} <= {c["d"] for c in cases}
+    assert any(c["N_q"] > c["N_k"] and c["causal"] for c in cases) and any(c["window"] for c in cases)
+
+
+def test_bench_table_reports_ratios_from_the_same_rows():
+    from flashedu import bench_gpu
+
+    rows = [{"impl": i, "dtype": "bfloat16", "d": 128, "causal": True, "N": 8192, "pass": "fwd", "tflops": t}
+            for i, t in (("flashedu-triton", 450.0), ("sdpa-flash", 300.0), ("sdpa-cudnn", 600.0))]
+    line = bench_gpu.table(rows).splitlines()[1].split()
+    assert line[-2:] == ["1.50", "0.75"]
