@@ -18,8 +18,8 @@ def _same(got, expected):
 def _block_specs(rng):
     """(label, rows, cols, N_q, N_k, causal, window_size, hint) with fresh sizes; each targets one mistake."""
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
-    bm, bn, n, e, left = r(2, 5), r(2, 5), r(12, 30), r(3, 9), r(2, 6)
-    row = r(left + bn + 2, n - 1)                    # a query row far right of the first keys
+    bm, bn, n, e, left = r(2, 5), r(2, 5), r(20, 30), r(3, 9), r(2, 6)   # n >= 20: every block below fits
+    row = r(left + bn + 2, n - bm - 1)               # a query row far right of the first keys
     return [
         ("no mask", (r(0, 4), r(5, 9)), (r(0, 4), r(5, 9)), n, n, False, None,
          "with no causal mask and no window every key is visible: full"),
