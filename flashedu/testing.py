@@ -123,3 +123,10 @@ def assert_close(actual, expected, dtype=None, *, grad: bool = False, name: str 
         raise AssertionError(f"{name}: {int(bad.sum())} of {a.size} entries outside atol={tol.atol:g}, "
                              f"rtol={tol.rtol:g}; max |diff| = {diff.max():.3e}; first at {idx}: "
                              f"got {a[idx]!r}, expected {e[idx]!r}")
+
+
+def run_grader(grader, fn, seed=0):
+    """Run an exercise grader quietly: (its Report, the lines it would have printed, joined)."""
+    lines: list[str] = []
+    report = grader(fn, seed=seed, out=lines.append)
+    return report, "\n".join(lines)

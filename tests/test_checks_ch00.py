@@ -5,19 +5,14 @@ import pytest
 
 from flashedu import checks, traffic
 from flashedu.checks import ch00
-
-
-def _silent(grader, fn, seed=0):
-    lines: list[str] = []
-    report = grader(fn, seed=seed, out=lines.append)
-    return report, "\n".join(lines)
+from flashedu.testing import run_grader
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reference_solutions_pass(seed):
     for grader, solution in [(checks.check_matmul_intensity, ch00.matmul_intensity),
                              (checks.check_naive_attention_time, ch00.naive_attention_time)]:
-        report, text = _silent(grader, solution, seed)
+        report, text = run_grader(grader, solution, seed)
         assert report.passed, text
         assert "all cases pass" in text
 
@@ -40,7 +35,7 @@ def test_stub_reports_not_attempted():
         raise NotImplementedError("Exercise 0.1: fill me in")
 
     for grader in (checks.check_matmul_intensity, checks.check_naive_attention_time):
-        report, text = _silent(grader, stub)
+        report, text = run_grader(grader, stub)
         assert not report.attempted and not report.passed
         assert "not attempted yet" in text and "flashedu.checks.ch00." in text
 
@@ -55,7 +50,7 @@ MATMUL_BUGS = {
 
 @pytest.mark.parametrize("bug", MATMUL_BUGS)
 def test_matmul_bugs_are_named(bug):
-    report, text = _silent(checks.check_matmul_intensity, MATMUL_BUGS[bug], seed=3)
+    report, text = run_grader(checks.check_matmul_intensity, MATMUL_BUGS[bug], seed=3)
     assert not report.passed
     assert bug in text, text
 
@@ -111,7 +106,7 @@ NAIVE_BUGS = {
 
 @pytest.mark.parametrize("bug", NAIVE_BUGS)
 def test_naive_time_bugs_are_named(bug):
-    report, text = _silent(checks.check_naive_attention_time, NAIVE_BUGS[bug], seed=4)
+    report, text = run_grader(checks.check_naive_attention_time, NAIVE_BUGS[bug], seed=4)
     assert not report.passed
     assert bug in text, text
 

@@ -8,17 +8,12 @@ import torch
 
 from flashedu import checks, triton_intro
 from flashedu.traffic import band
+from flashedu.testing import run_grader
 
 import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
 import triton.language as tl  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
-
-def _run(grader, fn, seed=0):
-    lines: list[str] = []
-    report = grader(fn, seed=seed, out=lines.append)
-    return report, "\n".join(lines)
 
 
 @triton.jit
@@ -56,7 +51,7 @@ def _my_scores(bug=""):
 
 @pytest.mark.parametrize("fn", [triton_intro.scores, _my_scores()], ids=["package", "bug-free test kernel"])
 def test_triton_scores_accepts_the_solution(fn):
-    report, text = _run(checks.triton_scores, fn)
+    report, text = run_grader(checks.triton_scores, fn)
     assert report.passed, text
 
 
@@ -67,7 +62,7 @@ def test_triton_scores_accepts_the_solution(fn):
     ("grid floor", "cdiv(N_q, BLOCK_M)"),
 ])
 def test_triton_scores_names_each_planted_bug(bug, words):
-    report, text = _run(checks.triton_scores, _my_scores(bug), seed=3)
+    report, text = run_grader(checks.triton_scores, _my_scores(bug), seed=3)
     assert not report.passed, bug
     assert words in text, text
 
@@ -89,7 +84,7 @@ def _my_kv_range(bug=""):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kv_block_range_accepts_the_solution(seed):
     for fn in (triton_intro.kv_range, _my_kv_range()):
-        report, text = _run(checks.kv_block_range, fn, seed)
+        report, text = run_grader(checks.kv_block_range, fn, seed)
         assert report.passed, text
 
 
@@ -100,7 +95,7 @@ def test_kv_block_range_accepts_the_solution(seed):
     ("no clamp", "see no key"),
 ])
 def test_kv_block_range_names_each_planted_bug(bug, words):
-    report, text = _run(checks.kv_block_range, _my_kv_range(bug), seed=4)
+    report, text = run_grader(checks.kv_block_range, _my_kv_range(bug), seed=4)
     assert not report.passed, bug
     assert words in text, text
 
@@ -110,5 +105,5 @@ def test_stubs_report_not_attempted():
         raise NotImplementedError("Exercise 6.1")
 
     for grader in (checks.triton_scores, checks.kv_block_range):
-        report, text = _run(grader, stub)
+        report, text = run_grader(grader, stub)
         assert not report.attempted and "not attempted yet" in text and grader.solution_name in text

@@ -7,18 +7,13 @@ import pytest
 import torch
 
 from flashedu import checks, triton_backward, triton_intro
+from flashedu.testing import run_grader
 
 import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
 import triton.language as tl  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]
-
-
-def _run(grader, fn, seed=0):
-    lines: list[str] = []
-    report = grader(fn, seed=seed, out=lines.append)
-    return report, "\n".join(lines)
 
 
 @triton.jit
@@ -49,7 +44,7 @@ def _my_preprocess(bug=""):
 
 @pytest.mark.parametrize("fn", [triton_backward.preprocess, _my_preprocess()], ids=["package", "bug-free test kernel"])
 def test_bwd_preprocess_accepts_the_solution(fn):
-    report, text = _run(checks.bwd_preprocess, fn)
+    report, text = run_grader(checks.bwd_preprocess, fn)
     assert report.passed, text
 
 
@@ -59,7 +54,7 @@ def test_bwd_preprocess_accepts_the_solution(fn):
     ("no head offset", "program_id(1)"),
 ])
 def test_bwd_preprocess_names_each_planted_bug(bug, words):
-    report, text = _run(checks.bwd_preprocess, _my_preprocess(bug), seed=5)
+    report, text = run_grader(checks.bwd_preprocess, _my_preprocess(bug), seed=5)
     assert not report.passed, bug
     assert words in text, text
 
@@ -100,7 +95,7 @@ def _my_probabilities(bug=""):
 
 @pytest.mark.parametrize("fn", [triton_intro.probabilities, _my_probabilities()], ids=["package", "bug-free test kernel"])
 def test_recompute_probabilities_accepts_the_solution(fn):
-    report, text = _run(checks.recompute_probabilities, fn)
+    report, text = run_grader(checks.recompute_probabilities, fn)
     assert report.passed, text
 
 
@@ -111,7 +106,7 @@ def test_recompute_probabilities_accepts_the_solution(fn):
     ("mask before exp", "is NaN"),
 ])
 def test_recompute_probabilities_names_each_planted_bug(bug, words):
-    report, text = _run(checks.recompute_probabilities, _my_probabilities(bug), seed=6)
+    report, text = run_grader(checks.recompute_probabilities, _my_probabilities(bug), seed=6)
     assert not report.passed, bug
     assert words in text, text
 
@@ -121,5 +116,5 @@ def test_stubs_report_not_attempted():
         raise NotImplementedError("Exercise 7.1")
 
     for grader in (checks.bwd_preprocess, checks.recompute_probabilities):
-        report, text = _run(grader, stub)
+        report, text = run_grader(grader, stub)
         assert not report.attempted and "not attempted yet" in text and grader.solution_name in text

@@ -4,12 +4,7 @@ from __future__ import annotations
 import pytest
 
 from flashedu import bench, checks
-
-
-def _run(grader, fn, seed=0):
-    lines: list[str] = []
-    report = grader(fn, seed=seed, out=lines.append)
-    return report, "\n".join(lines)
+from flashedu.testing import run_grader
 
 
 def _tflops(B, H, N, d, ms, causal=False, pass_="fwd"):
@@ -26,16 +21,16 @@ def test_solutions_pass(seed):
     for grader, solution in [(checks.check_tflops, bench.tflops), (checks.check_tflops, _tflops),
                              (checks.check_naive_memory, lambda *a: bench.memory_model("naive", *a[:4], itemsize=a[4])),
                              (checks.check_naive_memory, _memory)]:
-        report, text = _run(grader, solution, seed)
+        report, text = run_grader(grader, solution, seed)
         assert report.passed, text
         assert "all cases pass" in text
 
 
 def test_fresh_inputs_unless_seeded():
-    labels = {tuple(label for label, _, _ in _run(checks.check_tflops, bench.tflops, seed=None)[0].results)
+    labels = {tuple(label for label, _, _ in run_grader(checks.check_tflops, bench.tflops, seed=None)[0].results)
               for _ in range(3)}
     assert len(labels) > 1
-    assert _run(checks.check_tflops, bench.tflops, 5)[0].results == _run(checks.check_tflops, bench.tflops, 5)[0].results
+    assert run_grader(checks.check_tflops, bench.tflops, 5)[0].results == run_grader(checks.check_tflops, bench.tflops, 5)[0].results
 
 
 def test_stub_reports_not_attempted_and_names_the_solution():
@@ -44,7 +39,7 @@ def test_stub_reports_not_attempted_and_names_the_solution():
 
     for grader, name in [(checks.check_tflops, "flashedu.bench.tflops"),
                          (checks.check_naive_memory, "flashedu.bench.memory_model")]:
-        report, text = _run(grader, stub)
+        report, text = run_grader(grader, stub)
         assert not report.attempted and not report.passed
         assert text == f"{grader.__name__}: not attempted yet (reference: {name})"
 
@@ -68,7 +63,7 @@ TFLOPS_BUGS = {
 
 @pytest.mark.parametrize("bug", TFLOPS_BUGS)
 def test_tflops_bugs_are_named(bug):
-    report, text = _run(checks.check_tflops, TFLOPS_BUGS[bug], seed=7)
+    report, text = run_grader(checks.check_tflops, TFLOPS_BUGS[bug], seed=7)
     assert not report.passed
     assert bug in text, text
 
@@ -87,12 +82,12 @@ MEMORY_BUGS = {
 
 @pytest.mark.parametrize("bug", MEMORY_BUGS)
 def test_memory_bugs_are_named(bug):
-    report, text = _run(checks.check_naive_memory, MEMORY_BUGS[bug], seed=7)
+    report, text = run_grader(checks.check_naive_memory, MEMORY_BUGS[bug], seed=7)
     assert not report.passed
     assert bug in text, text
 
 
 def test_a_crash_is_reported_not_raised():
-    report, text = _run(checks.check_naive_memory, lambda *a: 1 / 0)
+    report, text = run_grader(checks.check_naive_memory, lambda *a: 1 / 0)
     assert not report.passed and "ZeroDivisionError" in text and "hint" not in text
     assert "(4 N d + 2 N^2) * B * H * itemsize" in text

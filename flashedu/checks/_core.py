@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -182,3 +183,24 @@ def solution(g) -> None:
 def rng_for(seed) -> np.random.Generator:
     """Fresh inputs each call unless a seed is given (tests pass one)."""
     return np.random.default_rng(seed)
+
+
+def number_or_none(got) -> float | None:
+    """got as a finite float, or None if it is not one."""
+    try:
+        g = float(got)
+    except (TypeError, ValueError):
+        return None
+    return g if math.isfinite(g) else None
+
+
+def diagnose(got: float, expected: float, mistakes: dict[str, float], rel: float) -> tuple[bool, str]:
+    """ok when got matches expected; otherwise name the mistake whose value got reproduces, if any."""
+    err = abs(got - expected) / abs(expected)
+    detail = f"got {got:.6g}, expected {expected:.6g} (rel. error {err:.1e})"
+    if err <= rel:
+        return True, detail
+    for why, value in mistakes.items():
+        if abs(got - value) <= rel * abs(value):
+            return False, f"{detail}: {why}"
+    return False, detail

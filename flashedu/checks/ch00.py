@@ -11,10 +11,8 @@ caches, launch overhead and the gap between peak and achievable bandwidth.
 """
 from __future__ import annotations
 
-import math
-
 from .. import traffic
-from ._core import Case, Report, grade, grader, rng_for
+from ._core import Case, Report, diagnose, grade, grader, number_or_none, rng_for
 
 __all__ = ["check_matmul_intensity", "check_naive_attention_time"]
 
@@ -41,26 +39,6 @@ def naive_attention_time(N: int, d: int, gpu: traffic.GPU, itemsize: int = 2) ->
 # --------------------------------------------------------------------------------------------- diagnosis
 
 
-def _number(got) -> float | None:
-    try:
-        g = float(got)
-    except (TypeError, ValueError):
-        return None
-    return g if math.isfinite(g) else None
-
-
-def _diagnose(got: float, expected: float, mistakes: dict[str, float], rel: float) -> tuple[bool, str]:
-    """ok when got matches expected; otherwise name the mistake whose value got reproduces, if any."""
-    err = abs(got - expected) / abs(expected)
-    detail = f"got {got:.6g}, expected {expected:.6g} (rel. error {err:.1e})"
-    if err <= rel:
-        return True, detail
-    for why, value in mistakes.items():
-        if abs(got - value) <= rel * abs(value):
-            return False, f"{detail}: {why}"
-    return False, detail
-
-
 def _matmul_check(M: int, N: int, K: int, e: int):
     mistakes = {
         "FLOPs counted as M N K: a multiply-add is 2 FLOPs": M * N * K / ((M * K + K * N + M * N) * e),
@@ -70,10 +48,10 @@ def _matmul_check(M: int, N: int, K: int, e: int):
     }
 
     def check(got, expected) -> tuple[bool, str]:
-        g = _number(got)
+        g = number_or_none(got)
         if g is None:
             return False, f"expected a finite number, got {got!r}"
-        return _diagnose(g, expected, mistakes, 1e-9)
+        return diagnose(g, expected, mistakes, 1e-9)
 
     return check
 
@@ -103,10 +81,10 @@ def _time_check(N: int, d: int, gpu: traffic.GPU, e: int):
     def check(got, expected) -> tuple[bool, str]:
         if not isinstance(got, tuple) or len(got) != 2:
             return False, f"expected a pair (seconds, bound), got {got!r}"
-        g = _number(got[0])
+        g = number_or_none(got[0])
         if g is None:
             return False, f"expected a finite number of seconds, got {got[0]!r}"
-        ok, detail = _diagnose(g, expected[0], mistakes, 1e-6)
+        ok, detail = diagnose(g, expected[0], mistakes, 1e-6)
         if got[1] != expected[1]:
             return False, f"{detail}; bound {got[1]!r}, expected {expected[1]!r}: compare bytes / bandwidth " \
                           f"with FLOPs / rate"

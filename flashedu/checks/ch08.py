@@ -12,18 +12,17 @@ memory model counts the tensors standard attention keeps, not the allocator's ro
 from __future__ import annotations
 
 from .. import bench
-from ._core import Case, Report, grade, grader, rng_for
-from .ch00 import _diagnose, _number
+from ._core import Case, Report, diagnose, grade, grader, number_or_none, rng_for
 
 __all__ = ["check_tflops", "check_naive_memory"]
 
 
 def _checker(mistakes: dict[str, float], rel: float = 1e-9):
     def check(got, expected) -> tuple[bool, str]:
-        g = _number(got)
+        g = number_or_none(got)
         if g is None:
             return False, f"expected a finite number, got {got!r}"
-        return _diagnose(g, expected, mistakes, rel)
+        return diagnose(g, expected, mistakes, rel)
 
     return check
 
