@@ -8,6 +8,7 @@ Every implementation module shares one contract (see `flashedu.registry`):
 with layout (B, H, N, d). `flashedu.attention` is the autograd-aware torch entry point and
 `flashedu.scaled_dot_product_attention` a drop-in for PyTorch's. Submodules load on first use.
 """
+
 from __future__ import annotations
 
 import importlib

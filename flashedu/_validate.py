@@ -2,6 +2,7 @@
 
 Works on NumPy arrays and torch tensors alike (anything with `.shape`, `.ndim` and `.dtype`).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def check_qkv(q, k, v, *, name: str = "attention", kind: str | None = None) -> tuple[int, int, int, int, int, int]:
+def check_qkv(
+    q, k, v, *, name: str = "attention", kind: str | None = None
+) -> tuple[int, int, int, int, int, int]:
     """Validate q (B, H, N_q, d), k and v (B, H_kv, N_k, d) with H % H_kv == 0.
 
     `kind` is "numpy" or "torch" when the implementation needs one array kind.
@@ -29,13 +32,22 @@ def check_qkv(q, k, v, *, name: str = "attention", kind: str | None = None) -> t
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name}: {arg} must be an array or tensor, got {type(x).__name__}")
         if kind == "numpy" and not isinstance(x, np.ndarray):
-            raise TypeError(f"{name}: {arg} must be a numpy.ndarray, got {type(x).__module__}.{type(x).__name__}")
+            raise TypeError(
+                f"{name}: {arg} must be a numpy.ndarray, got "
+                f"{type(x).__module__}.{type(x).__name__}"
+            )
         if kind == "torch" and not _is_torch(x):
-            raise TypeError(f"{name}: {arg} must be a torch.Tensor, got {type(x).__module__}.{type(x).__name__}")
+            raise TypeError(
+                f"{name}: {arg} must be a torch.Tensor, got {type(x).__module__}.{type(x).__name__}"
+            )
         if x.ndim != 4:
-            raise ValueError(f"{name}: {arg} must have shape (B, H, N, d) (4 dims), got shape {_shape(x)}")
+            raise ValueError(
+                f"{name}: {arg} must have shape (B, H, N, d) (4 dims), got shape {_shape(x)}"
+            )
     if k.shape != v.shape:
-        raise ValueError(f"{name}: k and v must have the same shape, got {_shape(k)} and {_shape(v)}")
+        raise ValueError(
+            f"{name}: k and v must have the same shape, got {_shape(k)} and {_shape(v)}"
+        )
     B, H, N_q, d = q.shape
     B_k, H_kv, N_k, d_k = k.shape
     if B_k != B:
@@ -43,20 +55,29 @@ def check_qkv(q, k, v, *, name: str = "attention", kind: str | None = None) -> t
     if d_k != d:
         raise ValueError(f"{name}: head dimension d differs: q has d={d}, k and v have d={d_k}")
     if H_kv == 0 or H % H_kv:
-        raise ValueError(f"{name}: q has H={H} heads, which is not a multiple of k and v's H_kv={H_kv} heads")
+        raise ValueError(
+            f"{name}: q has H={H} heads, which is not a multiple of k and v's H_kv={H_kv} heads"
+        )
     if N_q == 0 or N_k == 0 or d == 0 or B == 0:
         raise ValueError(f"{name}: empty input: q has shape {_shape(q)}, k has shape {_shape(k)}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{name}: q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+        raise TypeError(
+            f"{name}: q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}"
+        )
     if isinstance(q, np.ndarray) and q.dtype not in NUMPY_DTYPES:
         raise TypeError(f"{name}: dtype must be float16, float32 or float64, got {q.dtype}")
     if _is_torch(q):
         import torch
 
         if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise TypeError(f"{name}: dtype must be float16, bfloat16, float32 or float64, got {q.dtype}")
+            raise TypeError(
+                f"{name}: dtype must be float16, bfloat16, float32 or float64, got {q.dtype}"
+            )
         if not (q.device == k.device == v.device):
-            raise ValueError(f"{name}: q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+            raise ValueError(
+                f"{name}: q, k and v must be on one device, got {q.device}, {k.device} and "
+                f"{v.device}"
+            )
     return B, H, H_kv, N_q, N_k, d
 
 
@@ -67,7 +88,9 @@ def resolve_scale(softmax_scale, d: int, *, name: str = "attention") -> float:
     try:
         scale = float(softmax_scale)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}: softmax_scale must be a real number or None, got {softmax_scale!r}") from None
+        raise TypeError(
+            f"{name}: softmax_scale must be a real number or None, got {softmax_scale!r}"
+        ) from None
     if not math.isfinite(scale):
         raise ValueError(f"{name}: softmax_scale must be finite, got {softmax_scale!r}")
     return scale
@@ -80,21 +103,28 @@ def check_backward(do, o, lse, q, *, name: str = "attention backward") -> None:
     if _shape(o) != _shape(q):
         raise ValueError(f"{name}: o must have q's shape {_shape(q)}, got {_shape(o)}")
     if _shape(lse) != _shape(q)[:3]:
-        raise ValueError(f"{name}: lse must have shape (B, H, N_q) = {_shape(q)[:3]}, got {_shape(lse)}")
+        raise ValueError(
+            f"{name}: lse must have shape (B, H, N_q) = {_shape(q)[:3]}, got {_shape(lse)}"
+        )
     if do.dtype != q.dtype:
         raise TypeError(f"{name}: do must have q's dtype {q.dtype}, got {do.dtype}")
 
 
 def check_window(window_size, *, name: str = "attention") -> tuple[int, int] | None:
-    """(left, right) keys visible around the diagonal; -1 means unbounded on that side; None means no window."""
+    """(left, right) keys visible around the diagonal; -1 means unbounded on that side; None means
+    no window."""
     if window_size is None:
         return None
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}: window_size must be a pair (left, right) of ints or None, got {window_size!r}") from None
+        raise TypeError(
+            f"{name}: window_size must be a pair (left, right) of ints or None, got {window_size!r}"
+        ) from None
     if left < -1 or right < -1:
-        raise ValueError(f"{name}: window_size entries must be >= 0, or -1 for unbounded, got {window_size!r}")
+        raise ValueError(
+            f"{name}: window_size entries must be >= 0, or -1 for unbounded, got {window_size!r}"
+        )
     return left, right
 
 

@@ -1,22 +1,28 @@
-"""The user-facing, autograd-aware entry points: `attention` and a drop-in `scaled_dot_product_attention`.
+"""The user-facing, autograd-aware entry points: `attention` and a drop-in
+`scaled_dot_product_attention`.
 
-    o = flashedu.attention(q, k, v, causal=True)            # flash-attn conventions: bottom-right causal
-    o = flashedu.scaled_dot_product_attention(query, key, value, is_causal=True)   # PyTorch's, exactly
+    # flash-attn conventions: bottom-right causal
+    o = flashedu.attention(q, k, v, causal=True)
+    # PyTorch's, exactly
+    o = flashedu.scaled_dot_product_attention(query, key, value, is_causal=True)
 
-`attention` picks an implementation ("auto": the Triton kernels for CUDA tensors they support, otherwise the
-PyTorch tiled code) and differentiates through `flashedu.autograd.FlashAttention`.
+`attention` picks an implementation ("auto": the Triton kernels for CUDA tensors they support,
+otherwise the PyTorch tiled code) and differentiates through `flashedu.autograd.FlashAttention`.
 
 `scaled_dot_product_attention` has the signature and semantics of `torch.nn.functional.
 scaled_dot_product_attention`, so a model can swap it in. Differences, all loud:
-* `attn_mask` may be None or a `torch.nn.attention.bias.CausalBias` (`causal_upper_left`, `causal_lower_right`);
-  any other mask tensor raises NotImplementedError (tiles skip masked blocks by position, they do not read
-  an (L, S) mask from memory).
-* `dropout_p` must be 0: the course computes exact attention; anything else raises NotImplementedError.
+* `attn_mask` may be None or a `torch.nn.attention.bias.CausalBias` (`causal_upper_left`,
+  `causal_lower_right`); any other mask tensor raises NotImplementedError (tiles skip masked blocks
+  by position, they do not read an (L, S) mask from memory).
+* `dropout_p` must be 0: the course computes exact attention; anything else raises
+  NotImplementedError.
 * `value` must have the head dimension of `key` (Ev == E), else NotImplementedError.
-* Where PyTorch fails on a shape mismatch with a RuntimeError, this raises ValueError naming the argument.
+* Where PyTorch fails on a shape mismatch with a RuntimeError, this raises ValueError naming the
+  argument.
 
 Introduced in notebooks/05_pytorch_autograd.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +34,8 @@ from .registry import IMPLEMENTATIONS
 
 
 def _auto_impl(q: torch.Tensor) -> str:
-    """"triton" for a CUDA tensor whose dtype and head dim the Triton kernels support, else "torch_tiled"."""
+    """ "triton" for a CUDA tensor whose dtype and head dim the Triton kernels support, else
+    "torch_tiled"."""
     if not q.is_cuda:
         return "torch_tiled"
     try:
@@ -40,8 +47,15 @@ def _auto_impl(q: torch.Tensor) -> str:
     return "triton" if q.dtype in dtypes and q.shape[-1] in head_dims else "torch_tiled"
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              softmax_scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
     """Exact attention with autograd, flash-attn conventions.
 
     Args:
@@ -54,66 +68,101 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """
     if impl == "reference" or (impl != "auto" and impl not in IMPLEMENTATIONS):
         names = ["auto"] + sorted(n for n in IMPLEMENTATIONS if n != "reference")
-        raise ValueError(f"attention: impl must be one of {names}, got {impl!r}"
-                         + (" (the float64 oracle is flashedu.reference)" if impl == "reference" else ""))
+        raise ValueError(
+            f"attention: impl must be one of {names}, got {impl!r}"
+            + (" (the float64 oracle is flashedu.reference)" if impl == "reference" else "")
+        )
     if not isinstance(q, torch.Tensor):
-        raise TypeError(f"attention: q must be a torch.Tensor, got {type(q).__module__}.{type(q).__name__}")
+        raise TypeError(
+            f"attention: q must be a torch.Tensor, got {type(q).__module__}.{type(q).__name__}"
+        )
     name = _auto_impl(q) if impl == "auto" else impl
     return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name)
 
 
-def top_left_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float | None = None,
-                    impl: str = "auto") -> torch.Tensor:
-    """PyTorch's `is_causal=True` (top-left: query i sees key j iff j <= i) through bottom-right `attention`.
+def top_left_causal(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """PyTorch's `is_causal=True` (top-left: query i sees key j iff j <= i) through bottom-right
+    `attention`.
 
     The two alignments differ by the shift N_k - N_q, and each case maps exactly:
       N_q == N_k: they coincide.
       N_q <  N_k: no query sees a key past position N_q - 1, so drop those keys; then N_q == N_k.
-      N_q >  N_k: the first N_k queries are causal with N_q == N_k; the other N_q - N_k see every key.
+      N_q >  N_k: the first N_k queries are causal with N_q == N_k; the other N_q - N_k see
+                  every key.
     """
     N_q, N_k = q.shape[-2], k.shape[-2]
     if N_q <= N_k:
-        return attention(q, k[..., :N_q, :], v[..., :N_q, :], causal=True, softmax_scale=softmax_scale, impl=impl)
+        return attention(
+            q, k[..., :N_q, :], v[..., :N_q, :], causal=True, softmax_scale=softmax_scale, impl=impl
+        )
     head = attention(q[..., :N_k, :], k, v, causal=True, softmax_scale=softmax_scale, impl=impl)
     tail = attention(q[..., N_k:, :], k, v, causal=False, softmax_scale=softmax_scale, impl=impl)
-    return torch.cat([head, tail], dim=-2)                              # (B, H, N_q, d)
+    return torch.cat([head, tail], dim=-2)  # (B, H, N_q, d)
 
 
 def _causal_from_mask(attn_mask, is_causal: bool, L: int, S: int) -> str | None:
-    """None, "top_left" or "bottom_right" from SDPA's attn_mask / is_causal pair; errors for the rest."""
+    """None, "top_left" or "bottom_right" from SDPA's attn_mask / is_causal pair; errors for the
+    rest."""
     if attn_mask is None:
         return "top_left" if is_causal else None
     from torch.nn.attention.bias import CausalBias, CausalVariant
 
     if not isinstance(attn_mask, CausalBias):
         raise NotImplementedError(
-            f"scaled_dot_product_attention: attn_mask must be None or a CausalBias (causal_upper_left / "
-            f"causal_lower_right), got a {type(attn_mask).__name__} of shape {tuple(attn_mask.shape)}; "
-            "arbitrary masks are not supported: use is_causal=True or torch.nn.attention.bias.causal_lower_right")
+            "scaled_dot_product_attention: attn_mask must be None or a CausalBias "
+            "(causal_upper_left / causal_lower_right), "
+            f"got a {type(attn_mask).__name__} of shape {tuple(attn_mask.shape)}; "
+            "arbitrary masks are not supported: use is_causal=True or "
+            "torch.nn.attention.bias.causal_lower_right"
+        )
     if is_causal:
-        raise ValueError("scaled_dot_product_attention: CausalBias should not be used with is_causal=True")
+        raise ValueError(
+            "scaled_dot_product_attention: CausalBias should not be used with is_causal=True"
+        )
     if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (L, S):
-        raise ValueError(f"scaled_dot_product_attention: attn_mask is a causal bias for (L, S) = "
-                         f"({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}), but query and key give ({L}, {S})")
+        raise ValueError(
+            f"scaled_dot_product_attention: attn_mask is a causal bias for (L, S) = "
+            f"({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}), but query and key give ({L}, {S})"
+        )
     return "top_left" if attn_mask.variant == CausalVariant.UPPER_LEFT else "bottom_right"
 
 
 def _as_4d(query, key, value, enable_gqa: bool):
-    """Broadcast SDPA's (N, ..., L, E) batch dims: (B, H, L, E), (B, H_kv, S, E) x 2, and the output shape."""
+    """Broadcast SDPA's (N, ..., L, E) batch dims: (B, H, L, E), (B, H_kv, S, E) x 2, and the output
+    shape."""
     for arg, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"scaled_dot_product_attention: {arg} must be a torch.Tensor, got {type(x).__name__}")
+            raise TypeError(
+                f"scaled_dot_product_attention: {arg} must be a torch.Tensor, "
+                f"got {type(x).__name__}"
+            )
         if x.ndim < 2:
-            raise ValueError(f"scaled_dot_product_attention: {arg} must have shape (..., L, E), got {tuple(x.shape)}")
-    lead = -3 if enable_gqa else -2                   # with GQA the head dim is not broadcast but grouped
+            raise ValueError(
+                f"scaled_dot_product_attention: {arg} must have shape (..., L, E), "
+                f"got {tuple(x.shape)}"
+            )
+    lead = -3 if enable_gqa else -2  # with GQA the head dim is not broadcast but grouped
     try:
         batch = torch.broadcast_shapes(*(x.shape[:lead] for x in (query, key, value)))
     except RuntimeError:
         heads = [x.shape[-3] if x.ndim > 2 else 1 for x in (query, key, value)]
-        why = (f"query has {heads[0]} heads and key/value {heads[1]}/{heads[2]}: pass enable_gqa=True for GQA"
-               if not enable_gqa and heads[0] != heads[1] else "batch dimensions do not broadcast")
-        raise ValueError(f"scaled_dot_product_attention: {why}; got query {tuple(query.shape)}, "
-                         f"key {tuple(key.shape)}, value {tuple(value.shape)}") from None
+        why = (
+            f"query has {heads[0]} heads and key/value {heads[1]}/{heads[2]}: "
+            "pass enable_gqa=True for GQA"
+            if not enable_gqa and heads[0] != heads[1]
+            else "batch dimensions do not broadcast"
+        )
+        raise ValueError(
+            f"scaled_dot_product_attention: {why}; got query {tuple(query.shape)}, "
+            f"key {tuple(key.shape)}, value {tuple(value.shape)}"
+        ) from None
     out = []
     for x in (query, key, value):
         x = x.expand(*batch, *x.shape[lead:])
@@ -121,27 +170,48 @@ def _as_4d(query, key, value, enable_gqa: bool):
     return (*out, (*batch, *query.shape[lead:]))
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-                                 enable_gqa=False) -> torch.Tensor:
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    *,
+    scale=None,
+    enable_gqa=False,
+) -> torch.Tensor:
     """Drop-in for `torch.nn.functional.scaled_dot_product_attention`, computed by flashedu.
 
-    query (N, ..., L, E), key (N, ..., S, E), value (N, ..., S, E) -> (N, ..., L, E). `is_causal` is top-left
-    (query i sees key j iff j <= i); `causal_lower_right` masks are bottom-right. `scale` defaults to
-    1/sqrt(E); like PyTorch's, `scale` and `enable_gqa` are keyword-only. With enable_gqa=True, key and value may have fewer heads (dim -3), H_q % H_kv == 0.
+    query (N, ..., L, E), key (N, ..., S, E), value (N, ..., S, E) -> (N, ..., L, E). `is_causal` is
+    top-left (query i sees key j iff j <= i); `causal_lower_right` masks are bottom-right. `scale`
+    defaults to 1/sqrt(E); like PyTorch's, `scale` and `enable_gqa` are keyword-only. With
+    enable_gqa=True, key and value may have fewer heads (dim -3), H_q % H_kv == 0.
     Unsupported: other attn_mask tensors, dropout_p > 0, value with Ev != E (NotImplementedError).
     """
     if not isinstance(dropout_p, (int, float)) or dropout_p != 0:
-        raise NotImplementedError(f"scaled_dot_product_attention: dropout_p must be 0.0 (flashedu computes exact "
-                                  f"attention, no dropout), got dropout_p={dropout_p!r}")
-    if isinstance(value, torch.Tensor) and isinstance(key, torch.Tensor) and value.shape[-1] != key.shape[-1]:
-        raise NotImplementedError(f"scaled_dot_product_attention: value must have key's head dimension "
-                                  f"E={key.shape[-1]} (Ev != E is not supported), got Ev={value.shape[-1]}")
+        raise NotImplementedError(
+            f"scaled_dot_product_attention: dropout_p must be 0.0 (flashedu computes exact "
+            f"attention, no dropout), got dropout_p={dropout_p!r}"
+        )
+    if (
+        isinstance(value, torch.Tensor)
+        and isinstance(key, torch.Tensor)
+        and value.shape[-1] != key.shape[-1]
+    ):
+        raise NotImplementedError(
+            f"scaled_dot_product_attention: value must have key's head dimension "
+            f"E={key.shape[-1]} (Ev != E is not supported), got Ev={value.shape[-1]}"
+        )
     q, k, v, out_shape = _as_4d(query, key, value, enable_gqa)
     L, S = q.shape[-2], k.shape[-2]
     causal = _causal_from_mask(attn_mask, bool(is_causal), L, S)
     if enable_gqa and q.shape[1] % k.shape[1]:
-        raise ValueError(f"scaled_dot_product_attention: with enable_gqa=True query's {q.shape[1]} heads must be "
-                         f"a multiple of key's {k.shape[1]}")
+        raise ValueError(
+            "scaled_dot_product_attention: with enable_gqa=True "
+            f"query's {q.shape[1]} heads must be "
+            f"a multiple of key's {k.shape[1]}"
+        )
     softmax_scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if causal == "top_left" and L != S:
         o = top_left_causal(q, k, v, softmax_scale=softmax_scale)

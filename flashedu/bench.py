@@ -1,24 +1,28 @@
-"""Benchmarks: check every implementation against the float64 reference, then time it, then write JSON.
+"""Benchmarks: check every implementation against the float64 reference, then time it, then write
+JSON.
 
-    python -m flashedu.bench                  # CPU sweep here, or the GPU sweep when CUDA is present
-    python -m flashedu.bench --quick          # a small sweep that takes seconds
+    python -m flashedu.bench                 # CPU sweep here, or the GPU sweep when CUDA is present
+    python -m flashedu.bench --quick         # a small sweep that takes seconds
     python -m flashedu.bench --impls naive,tiled --N 1024 4096 --d 64 --causal --bwd --out my.json
 
-llm.c's order, "validate, then benchmark": each implementation first runs on fresh ragged inputs (N_q != N_k,
-causal and not, fully masked rows) against `flashedu.reference`; one that fails is refused: reported, not
-timed. Then a sweep with a plain-text progress bar, a table of wall time, TFLOP/s (`traffic.attention_flops`)
-and the time ratio to a baseline timed in the same run, and JSON in `notebooks/results/` with the date, the
-machine, the GPU and the versions (the environment variable FLASHEDU_RESULTS names another folder). CPU sweep:
-NumPy `naive` and `tiled`, `torch_tiled`, PyTorch's SDPA. On a CUDA machine `flashedu.bench_gpu.run` times
-Triton against SDPA's FLASH, cuDNN and EFFICIENT backends.
+llm.c's order, "validate, then benchmark": each implementation first runs on fresh ragged inputs
+(N_q != N_k, causal and not, fully masked rows) against `flashedu.reference`; one that fails is
+refused: reported, not timed. Then a sweep with a plain-text progress bar, a table of wall time,
+TFLOP/s (`traffic.attention_flops`) and the time ratio to a baseline timed in the same run, and JSON
+in `notebooks/results/` with the date, the machine, the GPU and the versions (the environment
+variable FLASHEDU_RESULTS names another folder). CPU sweep: NumPy `naive` and `tiled`,
+`torch_tiled`, PyTorch's SDPA. On a CUDA machine `flashedu.bench_gpu.run` times Triton against
+SDPA's FLASH, cuDNN and EFFICIENT backends.
 
-Limits: CPU time is the median wall time of a few calls after a warm-up call, so it is noisy on a shared
-machine. Peak extra memory comes from tracemalloc during the warm-up call, which sees NumPy's allocations and
-not torch's: torch rows have none. A case predicted to exceed the memory budget is skipped and listed.
-Triton on CPU runs in the interpreter (a simulator), so it is not in the default CPU sweep.
+Limits: CPU time is the median wall time of a few calls after a warm-up call, so it is noisy on a
+shared machine. Peak extra memory comes from tracemalloc during the warm-up call, which sees NumPy's
+allocations and not torch's: torch rows have none. A case predicted to exceed the memory budget is
+skipped and listed. Triton on CPU runs in the interpreter (a simulator), so it is not in the default
+CPU sweep.
 
 Introduced in notebooks/08_benchmarks.ipynb.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -42,18 +46,28 @@ from .registry import IMPLEMENTATIONS
 from .testing import assert_close, convert, max_error
 from .traffic import attention_flops
 
-RESULTS = Path(os.environ.get("FLASHEDU_RESULTS") or ROOT / "notebooks" / "results")  # where results are read and written
+RESULTS = Path(
+    os.environ.get("FLASHEDU_RESULTS") or ROOT / "notebooks" / "results"
+)  # where results are read and written
 CPU_IMPLS = ("naive", "tiled", "torch_tiled", "sdpa")
 FULL = dict(N=[1024, 2048, 4096, 8192, 16384], B=1, H=1, d=64, repeats=3)
 QUICK = dict(N=[256, 512], B=1, H=2, d=64, repeats=2)
-# (B, H, N_q, N_k, causal): ragged, both N_q > N_k and N_q < N_k; the last one has fully masked rows.
-CHECK_CASES = [(1, 2, 33, 65, False), (2, 1, 65, 65, True), (1, 3, 17, 1, False), (1, 2, 97, 33, True)]
+# (B, H, N_q, N_k, causal): ragged, both N_q > N_k and N_q < N_k; the last one has fully masked
+# rows.
+CHECK_CASES = [
+    (1, 2, 33, 65, False),
+    (2, 1, 65, 65, True),
+    (1, 3, 17, 1, False),
+    (1, 2, 97, 33, True),
+]
 
 
-# --------------------------------------------------------------------------------------- closed forms
+# ------------------------------------------------------------------------------------- closed forms
 
 
-def tflops(B: int, H: int, N: int, d: int, ms: float, *, causal: bool = False, pass_: str = "fwd") -> float:
+def tflops(
+    B: int, H: int, N: int, d: int, ms: float, *, causal: bool = False, pass_: str = "fwd"
+) -> float:
     """Achieved TFLOP/s of one attention call that took `ms` milliseconds (matmul FLOPs only)."""
     return attention_flops(B, H, N, N, d, causal=causal, pass_=pass_) / (ms * 1e-3) / 1e12
 
@@ -61,8 +75,8 @@ def tflops(B: int, H: int, N: int, d: int, ms: float, *, causal: bool = False, p
 def memory_model(impl: str, B: int, H: int, N: int, d: int, *, itemsize: int = 2) -> int:
     """Bytes a forward pass keeps in HBM at its peak: a model, not a measurement.
 
-    Both keep Q, K, V and O, which is 4 B H N d elements. "naive" also keeps S and P, which is 2 B H N^2
-    elements (Dao et al. 2022, Algorithm 0). "flash" keeps only the float32 lse, B H N values
+    Both keep Q, K, V and O, which is 4 B H N d elements. "naive" also keeps S and P, which is 2 B H
+    N^2 elements (Dao et al. 2022, Algorithm 0). "flash" keeps only the float32 lse, B H N values
     (Dao et al. 2022, Sec. 3.1).
     """
     qkvo = 4 * B * H * N * d * itemsize
@@ -78,18 +92,19 @@ def memory_model(impl: str, B: int, H: int, N: int, d: int, *, itemsize: int = 2
 
 @dataclass(frozen=True)
 class Backend:
-    """One timed implementation: forward(q, k, v, causal) -> (o, lse or None); fwd_bwd(q, k, v, do, causal)."""
+    """One timed implementation: forward(q, k, v, causal) -> (o, lse or None); fwd_bwd(q, k, v, do,
+    causal)."""
 
     name: str
-    kind: str                      # "numpy" or "torch"
+    kind: str  # "numpy" or "torch"
     forward: Callable
     fwd_bwd: Callable
-    masked_rows: bool = True       # follows flashedu's rule for fully masked rows (o = 0, lse = -inf)
+    masked_rows: bool = True  # follows flashedu's rule for fully masked rows (o = 0, lse = -inf)
 
 
 def _registry_backend(name: str, block: int | None) -> Backend:
     impl = IMPLEMENTATIONS[name]
-    module = impl.module                                   # ImportError here -> reported as unavailable
+    module = impl.module  # ImportError here -> reported as unavailable
     params = inspect.signature(module.forward).parameters
     kw = {b: block for b in ("block_m", "block_n") if b in params and block is not None}
 
@@ -120,12 +135,18 @@ def _sdpa_fwd_bwd(q, k, v, do, causal):
     return q.grad, k.grad, v.grad
 
 
-SDPA = Backend("sdpa", "torch", lambda q, k, v, causal: (_sdpa_call(q, k, v, causal), None), _sdpa_fwd_bwd,
-               masked_rows=False)
+SDPA = Backend(
+    "sdpa",
+    "torch",
+    lambda q, k, v, causal: (_sdpa_call(q, k, v, causal), None),
+    _sdpa_fwd_bwd,
+    masked_rows=False,
+)
 
 
 def backends(names, *, block: int | None = None) -> tuple[list[Backend], dict[str, str]]:
-    """Backends by name (or Backend objects, passed through), and {name: reason} for those that cannot load."""
+    """Backends by name (or Backend objects, passed through), and {name: reason} for those that
+    cannot load."""
     found, unavailable = [], {}
     for name in names:
         if isinstance(name, Backend):
@@ -142,11 +163,14 @@ def backends(names, *, block: int | None = None) -> tuple[list[Backend], dict[st
     return found, unavailable
 
 
-# --------------------------------------------------------------------------------------- check, then time
+# --------------------------------------------------------------------------------- check, then time
 
 
 def _inputs(B, H, N_q, N_k, d, dtype, kind, rng):
-    arrays = [rng.standard_normal(s) for s in ((B, H, N_q, d), (B, H, N_k, d), (B, H, N_k, d), (B, H, N_q, d))]
+    arrays = [
+        rng.standard_normal(s)
+        for s in ((B, H, N_q, d), (B, H, N_k, d), (B, H, N_k, d), (B, H, N_q, d))
+    ]
     return [convert(a, dtype, kind=kind) for a in arrays]  # q, k, v, do
 
 
@@ -162,11 +186,22 @@ def _compare(got, want, dtype, name, grad=False) -> tuple[bool, float, str]:
 def _check_case(backend, q, k, v, do, causal, pass_, dtype, ref) -> tuple[bool, float, str]:
     if pass_ == "fwd":
         o, lse = backend.forward(q, k, v, causal)
-        pairs = [("o", o, ref[0], False)] + ([("lse", lse, ref[1], False)] if lse is not None else [])
+        pairs = [("o", o, ref[0], False)] + (
+            [("lse", lse, ref[1], False)] if lse is not None else []
+        )
     else:
-        pairs = [(n, g, r, True) for n, g, r in zip(("dq", "dk", "dv"), backend.fwd_bwd(q, k, v, do, causal), ref[2])]
-    results = [_compare(g, r, "float32" if n == "lse" else dtype, n, grad) for n, g, r, grad in pairs]
-    return all(r[0] for r in results), max(r[1] for r in results), "; ".join(r[2] for r in results if r[2])
+        pairs = [
+            (n, g, r, True)
+            for n, g, r in zip(("dq", "dk", "dv"), backend.fwd_bwd(q, k, v, do, causal), ref[2])
+        ]
+    results = [
+        _compare(g, r, "float32" if n == "lse" else dtype, n, grad) for n, g, r, grad in pairs
+    ]
+    return (
+        all(r[0] for r in results),
+        max(r[1] for r in results),
+        "; ".join(r[2] for r in results if r[2]),
+    )
 
 
 def check(backend: Backend, *, d: int, dtype: str, passes, rng) -> list[dict]:
@@ -176,21 +211,36 @@ def check(backend: Backend, *, d: int, dtype: str, passes, rng) -> list[dict]:
         if not backend.masked_rows and causal and N_q > N_k:
             continue
         q, k, v, do = _inputs(B, H, N_q, N_k, d, dtype, backend.kind, rng)
-        ref = (*reference.forward(q, k, v, causal=causal), reference.backward(do, q, k, v, causal=causal))
+        ref = (
+            *reference.forward(q, k, v, causal=causal),
+            reference.backward(do, q, k, v, causal=causal),
+        )
         for pass_ in passes:
             try:
                 ok, err, detail = _check_case(backend, q, k, v, do, causal, pass_, dtype, ref)
             except Exception as e:  # a crash is a failed check, reported rather than raised
                 ok, err, detail = False, float("inf"), f"raised {type(e).__name__}: {e}"
-            records.append({"impl": backend.name, "dtype": dtype, "d": d, "causal": causal, "N_q": N_q,
-                            "N_k": N_k, "pass": pass_, "ok": ok, "err": err, "detail": detail})
+            records.append(
+                {
+                    "impl": backend.name,
+                    "dtype": dtype,
+                    "d": d,
+                    "causal": causal,
+                    "N_q": N_q,
+                    "N_k": N_k,
+                    "pass": pass_,
+                    "ok": ok,
+                    "err": err,
+                    "detail": detail,
+                }
+            )
     return records
 
 
 def _measure(fn, *, repeats: int, trace: bool) -> tuple[float, float, int | None]:
     """(median seconds, fastest seconds, peak extra bytes during the warm-up call or None)."""
     if trace:
-        tracemalloc.start()                               # traces only what fn allocates: inputs exist already
+        tracemalloc.start()  # traces only what fn allocates: inputs exist already
     fn()
     peak = tracemalloc.get_traced_memory()[1] if trace else None
     if trace:
@@ -206,8 +256,11 @@ def _measure(fn, *, repeats: int, trace: bool) -> tuple[float, float, int | None
 def _predicted_bytes(backend: Backend, B, H, N, d, dtype) -> int:
     """A generous upper estimate of peak memory, used only to skip runs that would not fit."""
     acc = 8 if dtype == "float64" else 4
-    n2 = B * H * N * N * acc * (4 if backend.name in ("naive", "sdpa") else 0)  # S, P and NumPy temporaries
+    n2 = (
+        B * H * N * N * acc * (4 if backend.name in ("naive", "sdpa") else 0)
+    )  # S, P and NumPy temporaries
     return n2 + 16 * B * H * N * d * acc
+
 
 class Progress:
     """A plain-text progress bar on stderr: `[#####-----] 5/10 naive N=4096 fwd`."""
@@ -218,38 +271,85 @@ class Progress:
     def step(self, label: str) -> None:
         self.done += 1
         filled = self.width * self.done // max(self.total, 1)
-        end = "\n" if self.done == self.total else ""       # "\r" redraws the line in terminals and notebooks
-        self.stream.write(f"\r[{'#' * filled}{'-' * (self.width - filled)}] {self.done}/{self.total} {label:<32}{end}")
+        end = (
+            "\n" if self.done == self.total else ""
+        )  # "\r" redraws the line in terminals and notebooks
+        self.stream.write(
+            f"\r[{'#' * filled}{'-' * (self.width - filled)}] {self.done}/{self.total} "
+            f"{label:<32}{end}"
+        )
         self.stream.flush()
 
 
-def sweep(bks: list[Backend], *, N, B, H, d, causal, passes, dtype="float32", repeats=3, max_bytes=None,
-          rng=None, progress=None) -> tuple[list[dict], list[dict]]:
+def sweep(
+    bks: list[Backend],
+    *,
+    N,
+    B,
+    H,
+    d,
+    causal,
+    passes,
+    dtype="float32",
+    repeats=3,
+    max_bytes=None,
+    rng=None,
+    progress=None,
+) -> tuple[list[dict], list[dict]]:
     """Time every backend on the same inputs for each N; returns (timing rows, skipped rows)."""
     rng = np.random.default_rng() if rng is None else rng
     timing, skipped = [], []
     for n in N:
         draw = rng.integers(2**32)
-        inputs = {kind: _inputs(B, H, n, n, d, dtype, kind, np.random.default_rng(draw)) for kind in ("numpy", "torch")}
+        inputs = {
+            kind: _inputs(B, H, n, n, d, dtype, kind, np.random.default_rng(draw))
+            for kind in ("numpy", "torch")
+        }
         for b, pass_ in ((b, p) for b in bks for p in passes):
             q, k, v, do = inputs[b.kind]
             if progress:
                 progress.step(f"{b.name} N={n} {pass_}")
             need = _predicted_bytes(b, B, H, n, d, dtype) * (2 if pass_ == "fwd_bwd" else 1)
             if max_bytes is not None and need > max_bytes:
-                skipped.append({"impl": b.name, "N": n, "pass": pass_, "reason": f"predicted peak "
-                                f"{need / 2**30:.1f} GiB > budget {max_bytes / 2**30:.1f} GiB: not run"})
+                skipped.append(
+                    {
+                        "impl": b.name,
+                        "N": n,
+                        "pass": pass_,
+                        "reason": f"predicted peak "
+                        f"{need / 2**30:.1f} GiB > budget {max_bytes / 2**30:.1f} GiB: not run",
+                    }
+                )
                 continue
-            call = (lambda: b.forward(q, k, v, causal)) if pass_ == "fwd" else (lambda: b.fwd_bwd(q, k, v, do, causal))
+            call = (
+                (lambda: b.forward(q, k, v, causal))
+                if pass_ == "fwd"
+                else (lambda: b.fwd_bwd(q, k, v, do, causal))
+            )
             sec, fastest, peak = _measure(call, repeats=repeats, trace=b.kind == "numpy")
-            timing.append({"impl": b.name, "dtype": dtype, "causal": causal, "B": B, "H": H, "N": n, "d": d,
-                           "pass": pass_, "ms": sec * 1e3, "ms_min": fastest * 1e3, "peak_bytes": peak,
-                           "tflops": tflops(B, H, n, d, sec * 1e3, causal=causal, pass_=pass_)})
+            timing.append(
+                {
+                    "impl": b.name,
+                    "dtype": dtype,
+                    "causal": causal,
+                    "B": B,
+                    "H": H,
+                    "N": n,
+                    "d": d,
+                    "pass": pass_,
+                    "ms": sec * 1e3,
+                    "ms_min": fastest * 1e3,
+                    "peak_bytes": peak,
+                    "tflops": tflops(B, H, n, d, sec * 1e3, causal=causal, pass_=pass_),
+                }
+            )
     return timing, skipped
 
 
 def add_ratios(timing: list[dict], baseline: str) -> None:
-    """Set row["ratio"] = ms / ms of `baseline` at the same (N, d, causal, pass, dtype) in this run."""
+    """Set row["ratio"] = ms / ms of `baseline` at the same (N, d, causal, pass, dtype) in this
+    run."""
+
     def key(r):
         return r["N"], r["d"], r["causal"], r["pass"], r["dtype"]
 
@@ -259,32 +359,52 @@ def add_ratios(timing: list[dict], baseline: str) -> None:
 
 
 def table(timing: list[dict], baseline: str) -> str:
-    """Fixed-width: impl, N, causal, pass, ms, TFLOP/s, peak extra memory, time ratio to the baseline."""
-    lines = [f"{'impl':<16}{'N':>7}{'causal':>8}{'pass':>9}{'ms':>11}{'TFLOP/s':>10}{'peak MiB':>10}"
-             f"{'time / ' + baseline:>18}"]
+    """Fixed-width: impl, N, causal, pass, ms, TFLOP/s, peak extra memory, time ratio to the
+    baseline."""
+    lines = [
+        f"{'impl':<16}{'N':>7}{'causal':>8}{'pass':>9}{'ms':>11}{'TFLOP/s':>10}{'peak MiB':>10}"
+        f"{'time / ' + baseline:>18}"
+    ]
     for r in timing:
         peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**20:.1f}"
         ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
-        lines.append(f"{r['impl']:<16}{r['N']:>7}{str(r['causal']):>8}{r['pass']:>9}{r['ms']:>11.3f}"
-                     f"{r['tflops']:>10.4f}{peak:>10}{ratio:>18}")
+        lines.append(
+            f"{r['impl']:<16}{r['N']:>7}{str(r['causal']):>8}{r['pass']:>9}{r['ms']:>11.3f}"
+            f"{r['tflops']:>10.4f}{peak:>10}{ratio:>18}"
+        )
     return "\n".join(lines)
 
 
 def meta(command: str, seed: int, config: dict) -> dict:
-    """Date, machine, GPU (None on the CPU path), versions, the command line and the sweep settings."""
+    """Date, machine, GPU (None on the CPU path), versions, the command line and the sweep
+    settings."""
     from . import __version__
 
-    versions = {"python": platform.python_version(), "flashedu": __version__, "numpy": np.__version__}
+    versions = {
+        "python": platform.python_version(),
+        "flashedu": __version__,
+        "numpy": np.__version__,
+    }
     for mod in ("torch", "triton"):
         try:
             versions[mod] = __import__(mod).__version__
         except ImportError:
             versions[mod] = None
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"platform": platform.platform(), "machine": platform.machine(),
-                        "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
-                        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None},
-            "gpu": None, "versions": versions, "command": command, "seed": seed, "config": config}
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "processor": platform.processor() or None,
+            "cpu_count": os.cpu_count(),
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        },
+        "gpu": None,
+        "versions": versions,
+        "command": command,
+        "seed": seed,
+        "config": config,
+    }
 
 
 def _check_all(bks, cfg, rng, log) -> tuple[list[dict], list[Backend]]:
@@ -293,24 +413,48 @@ def _check_all(bks, cfg, rng, log) -> tuple[list[dict], list[Backend]]:
         rows = check(b, d=cfg["d"], dtype=cfg["dtype"], passes=cfg["passes"], rng=rng)
         correctness += rows
         bad = [r for r in rows if not r["ok"]]
-        log(f"check {b.name:<12} {'FAILED: refused, not timed' if bad else 'ok'}  "
-            f"max err {max(r['err'] for r in rows):.1e} over {len(rows)} cases")
+        log(
+            f"check {b.name:<12} {'FAILED: refused, not timed' if bad else 'ok'}  "
+            f"max err {max(r['err'] for r in rows):.1e} over {len(rows)} cases"
+        )
         for r in bad:
-            log(f"    N_q={r['N_q']} N_k={r['N_k']} causal={r['causal']} {r['pass']}: {r['detail']}")
+            log(
+                f"    N_q={r['N_q']} N_k={r['N_k']} causal={r['causal']} {r['pass']}: {r['detail']}"
+            )
         if not bad:
             good.append(b)
     return correctness, good
 
 
-def run_cpu(*, impls=CPU_IMPLS, quick=False, causal=False, bwd=False, block=None, max_bytes=None, out=None,
-            seed=None, command="", log=print, **sizes) -> dict:
-    """Check, then time the CPU sweep; write JSON to `out` (a path, or None) and return the result dict.
+def run_cpu(
+    *,
+    impls=CPU_IMPLS,
+    quick=False,
+    causal=False,
+    bwd=False,
+    block=None,
+    max_bytes=None,
+    out=None,
+    seed=None,
+    command="",
+    log=print,
+    **sizes,
+) -> dict:
+    """Check, then time the CPU sweep; write JSON to `out` (a path, or None) and return the result
+    dict.
 
     sizes: N (list), B, H, d, repeats; defaults from QUICK or FULL.
     """
     cfg = {**(QUICK if quick else FULL), **{k: v for k, v in sizes.items() if v is not None}}
-    cfg.update(causal=causal, passes=["fwd", "fwd_bwd"] if bwd else ["fwd"], block=block, quick=quick,
-               impls=[getattr(i, "name", i) for i in impls], dtype="float32", max_bytes=max_bytes)
+    cfg.update(
+        causal=causal,
+        passes=["fwd", "fwd_bwd"] if bwd else ["fwd"],
+        block=block,
+        quick=quick,
+        impls=[getattr(i, "name", i) for i in impls],
+        dtype="float32",
+        max_bytes=max_bytes,
+    )
     seed = int(np.random.SeedSequence().entropy % 2**32) if seed is None else seed
     rng = np.random.default_rng(seed)
     bks, unavailable = backends(impls, block=block)
@@ -318,14 +462,30 @@ def run_cpu(*, impls=CPU_IMPLS, quick=False, causal=False, bwd=False, block=None
         log(f"unavailable: {name}: {why}")
     correctness, good = _check_all(bks, cfg, rng, log)
     total = len(good) * len(cfg["N"]) * len(cfg["passes"])
-    timing, skipped = sweep(good, N=cfg["N"], B=cfg["B"], H=cfg["H"], d=cfg["d"], causal=causal,
-                            passes=cfg["passes"], repeats=cfg["repeats"], max_bytes=max_bytes, rng=rng,
-                            progress=Progress(total) if total else None)
+    timing, skipped = sweep(
+        good,
+        N=cfg["N"],
+        B=cfg["B"],
+        H=cfg["H"],
+        d=cfg["d"],
+        causal=causal,
+        passes=cfg["passes"],
+        repeats=cfg["repeats"],
+        max_bytes=max_bytes,
+        rng=rng,
+        progress=Progress(total) if total else None,
+    )
     baseline = "naive" if "naive" in [b.name for b in good] else (good[0].name if good else "")
     add_ratios(timing, baseline)
-    result = {"meta": meta(command, seed, cfg), "correctness": correctness, "unavailable": unavailable,
-              "refused": [b.name for b in bks if b not in good], "baseline": baseline, "timing": timing,
-              "skipped": skipped}
+    result = {
+        "meta": meta(command, seed, cfg),
+        "correctness": correctness,
+        "unavailable": unavailable,
+        "refused": [b.name for b in bks if b not in good],
+        "baseline": baseline,
+        "timing": timing,
+        "skipped": skipped,
+    }
     log(table(timing, baseline))
     for s in skipped:
         log(f"skipped {s['impl']} N={s['N']} {s['pass']}: {s['reason']}")

@@ -4,20 +4,23 @@
     python -m flashedu.course list      # chapters in order
     python -m flashedu.course book      # the static course in _build/html (see flashedu/book.py)
 
-Not taught in a notebook: it holds the course together. Checked, each problem reported as one sentence that
-names the chapter, the file and what is expected:
-- the manifest: a [book] title; per chapter an id, title, notebook, modules, objectives (non-empty list of
-  text) and minutes (positive whole number); ids and notebooks unique; chapter NN (its place in the manifest,
-  from 00) has an id starting "NN-" and a notebook named notebooks/NN_*.ipynb;
+Not taught in a notebook: it holds the course together. Checked, each problem reported as one
+sentence that names the chapter, the file and what is expected:
+- the manifest: a [book] title; per chapter an id, title, notebook, modules, objectives
+  (non-empty list of text) and minutes (positive whole number); ids and notebooks unique; chapter NN
+  (its place in the manifest, from 00) has an id starting "NN-" and a notebook named
+  notebooks/NN_*.ipynb;
 - the tree: every listed notebook exists and every notebook in notebooks/ is listed;
-- each notebook's first cell is markdown stating the chapter title, every objective word for word and
-  "NN minutes";
-- each listed module imports and its docstring names the notebook that introduces it (one book.toml lists);
-- exercises: flashedu/checks/chNN.py exports at least two graders, the notebook calls at least two of them
-  on stubs (`raise NotImplementedError("Exercise ...")`), shows `checks.solution(...)`, and
+- each notebook's first cell is markdown stating the chapter title, every objective word for word
+  and "NN minutes";
+- each listed module imports and its docstring names the notebook that introduces it
+  (one book.toml lists);
+- exercises: flashedu/checks/chNN.py exports at least two graders, the notebook calls at least two
+  of them on stubs (`raise NotImplementedError("Exercise ...")`), shows `checks.solution(...)`, and
   tests/test_checks_chNN.py exists.
 Limits: it reads notebooks as text and does not run them; nbval does that (`make test`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,19 +50,31 @@ def _chapter(i: int, c: dict) -> Chapter:
     where = f"book.toml: chapter {i} ({c.get('id', 'no id')})"
     missing = [k for k in REQUIRED if k not in c]
     if missing:
-        raise ValueError(f"{where} lacks {', '.join(missing)} (every chapter needs {', '.join(REQUIRED)})")
+        raise ValueError(
+            f"{where} lacks {', '.join(missing)} (every chapter needs {', '.join(REQUIRED)})"
+        )
     for key in ("objectives", "modules"):
-        if not isinstance(c[key], list) or not all(isinstance(x, str) and x.strip() for x in c[key]):
+        if not isinstance(c[key], list) or not all(
+            isinstance(x, str) and x.strip() for x in c[key]
+        ):
             raise ValueError(f"{where}: {key} must be a list of non-empty strings, got {c[key]!r}")
     if not c["objectives"]:
         raise ValueError(f"{where}: objectives is empty; list what the learner will be able to do")
     if isinstance(c["minutes"], bool) or not isinstance(c["minutes"], int) or c["minutes"] <= 0:
         raise ValueError(f"{where}: minutes must be a positive whole number, got {c['minutes']!r}")
-    return Chapter(c["id"], c["title"], c["notebook"], tuple(c["modules"]), tuple(c["objectives"]), c["minutes"])
+    return Chapter(
+        c["id"],
+        c["title"],
+        c["notebook"],
+        tuple(c["modules"]),
+        tuple(c["objectives"]),
+        c["minutes"],
+    )
 
 
 def load(root: Path = ROOT) -> tuple[dict, list[Chapter]]:
-    """(book table, chapters in order) from root/book.toml; ValueError naming the first malformed chapter."""
+    """(book table, chapters in order) from root/book.toml; ValueError naming the first malformed
+    chapter."""
     with open(root / "book.toml", "rb") as f:
         data = tomllib.load(f)
     return data.get("book", {}), [_chapter(i, c) for i, c in enumerate(data.get("chapter", []))]
@@ -93,13 +108,24 @@ def _check_manifest(book: dict, chapters: list[Chapter]) -> list[str]:
         values = [getattr(c, key) for c in chapters]
         dupes = sorted({v for v in values if values.count(v) > 1})
         if dupes:
-            problems.append(f"book.toml: chapter {key}s must be unique; repeated: {', '.join(dupes)}")
+            problems.append(
+                f"book.toml: chapter {key}s must be unique; repeated: {', '.join(dupes)}"
+            )
     for i, c in enumerate(chapters):
         nn, name = f"{i:02d}", Path(c.notebook).name
         if not c.id.startswith(f"{nn}-"):
-            problems.append(f"chapter {nn}: id {c.id!r} should start with '{nn}-' (its place in book.toml)")
-        if not (c.notebook.startswith("notebooks/") and name.startswith(f"{nn}_") and name.endswith(".ipynb")):
-            problems.append(f"chapter {nn} ({c.id}): notebook {c.notebook!r} should be notebooks/{nn}_<name>.ipynb")
+            problems.append(
+                f"chapter {nn}: id {c.id!r} should start with '{nn}-' (its place in book.toml)"
+            )
+        if not (
+            c.notebook.startswith("notebooks/")
+            and name.startswith(f"{nn}_")
+            and name.endswith(".ipynb")
+        ):
+            problems.append(
+                f"chapter {nn} ({c.id}): notebook {c.notebook!r} "
+                f"should be notebooks/{nn}_<name>.ipynb"
+            )
     return problems
 
 
@@ -109,15 +135,26 @@ def _check_first_cell(path: Path, label: str, c: Chapter) -> list[str]:
     except ValueError as e:
         return [f"{label}: {e}"]
     if kind != "markdown":
-        return [f"{label}: the first cell of {c.notebook} must be markdown stating title, objectives and minutes; "
-                f"it is a {kind} cell"]
-    problems = [f"{label}: the first cell of {c.notebook} does not state the title {c.title!r}"] \
-        if c.title not in text else []
-    problems += [f"{label}: the first cell of {c.notebook} does not state the objective {o!r} (copy it exactly "
-                 f"from book.toml)" for o in c.objectives if o not in text]
+        return [
+            f"{label}: the first cell of {c.notebook} must be markdown "
+            f"stating title, objectives and minutes; it is a {kind} cell"
+        ]
+    problems = (
+        [f"{label}: the first cell of {c.notebook} does not state the title {c.title!r}"]
+        if c.title not in text
+        else []
+    )
+    problems += [
+        f"{label}: the first cell of {c.notebook} does not state the objective {o!r} "
+        f"(copy it exactly from book.toml)"
+        for o in c.objectives
+        if o not in text
+    ]
     if f"{c.minutes} minutes" not in text:
-        problems.append(f"{label}: the first cell of {c.notebook} does not state 'Estimated time: {c.minutes} "
-                        f"minutes' (book.toml says {c.minutes})")
+        problems.append(
+            f"{label}: the first cell of {c.notebook} does not state 'Estimated time: {c.minutes} "
+            f"minutes' (book.toml says {c.minutes})"
+        )
     return problems
 
 
@@ -128,17 +165,26 @@ def _check_module(label: str, name: str, listed: set[str]) -> list[str]:
         return [f"{label}: module {name} does not import ({type(e).__name__}: {e})"]
     doc = (mod.__doc__ or "").strip()
     if not doc:
-        return [f"{label}: module {name} has no docstring (say what it is and which notebook introduces it)"]
+        return [
+            f"{label}: module {name} has no docstring "
+            "(say what it is and which notebook introduces it)"
+        ]
     named = re.findall(r"notebooks/[\w.-]+\.ipynb", doc)
     if not named:
-        return [f"{label}: the docstring of {name} does not name the notebook that introduces it "
-                f"(e.g. 'Introduced in notebooks/NN_name.ipynb')"]
-    return [f"{label}: the docstring of {name} names {p}, which book.toml does not list" for p in named
-            if p not in listed]
+        return [
+            f"{label}: the docstring of {name} does not name the notebook that introduces it "
+            f"(e.g. 'Introduced in notebooks/NN_name.ipynb')"
+        ]
+    return [
+        f"{label}: the docstring of {name} names {p}, which book.toml does not list"
+        for p in named
+        if p not in listed
+    ]
 
 
 def _check_exercises(root: Path, i: int, c: Chapter, text: str) -> list[str]:
-    """Graders in flashedu.checks.chNN, called by the notebook on stubs, tested in tests/test_checks_chNN.py."""
+    """Graders in flashedu.checks.chNN, called by the notebook on stubs, tested in
+    tests/test_checks_chNN.py."""
     nn, label = f"{i:02d}", f"chapter {i:02d} ({c.id})"
     try:
         graders = list(importlib.import_module(f"flashedu.checks.ch{nn}").__all__)
@@ -150,33 +196,49 @@ def _check_exercises(root: Path, i: int, c: Chapter, text: str) -> list[str]:
         return [f"{label}: flashedu/checks/ch{nn}.py does not import ({type(e).__name__}: {e})"]
     problems = []
     if len(graders) < MIN_EXERCISES:
-        problems.append(f"{label}: flashedu/checks/ch{nn}.py should export at least {MIN_EXERCISES} graders in "
-                        f"__all__, found {len(graders)}")
+        problems.append(
+            f"{label}: flashedu/checks/ch{nn}.py should export at least {MIN_EXERCISES} graders in "
+            f"__all__, found {len(graders)}"
+        )
     called = sorted(g for g in graders if re.search(rf"\bchecks\.{g}\(", text))
     if graders and len(called) < MIN_EXERCISES:
-        problems.append(f"{label}: {c.notebook} calls {len(called)} of its graders ({', '.join(called) or 'none'}); "
-                        f"at least {MIN_EXERCISES} exercises should be graded with checks.<grader>(...)")
+        problems.append(
+            f"{label}: {c.notebook} calls {len(called)} of its graders "
+            f"({', '.join(called) or 'none'}); "
+            f"at least {MIN_EXERCISES} exercises should be graded with checks.<grader>(...)"
+        )
     stubs = len(re.findall(r"raise NotImplementedError\(\s*[\"']Exercise", text))
     if stubs < MIN_EXERCISES:
-        problems.append(f"{label}: {c.notebook} has {stubs} exercise stub(s); each exercise needs one raising "
-                        f"NotImplementedError(\"Exercise {i}.N: ...\")")
+        problems.append(
+            f"{label}: {c.notebook} has {stubs} exercise stub(s); each exercise needs one raising "
+            f'NotImplementedError("Exercise {i}.N: ...")'
+        )
     if "checks.solution(" not in text:
-        problems.append(f"{label}: {c.notebook} never shows how to reveal a solution (checks.solution(...))")
+        problems.append(
+            f"{label}: {c.notebook} never shows how to reveal a solution (checks.solution(...))"
+        )
     if not (root / "tests" / f"test_checks_ch{nn}.py").exists():
-        problems.append(f"{label}: tests/test_checks_ch{nn}.py is missing (the graders must be tested)")
+        problems.append(
+            f"{label}: tests/test_checks_ch{nn}.py is missing (the graders must be tested)"
+        )
     return problems
 
 
 def check(root: Path = ROOT) -> list[str]:
-    """Every inconsistency between book.toml, notebooks/, flashedu/ and tests/, as sentences; [] when none."""
+    """Every inconsistency between book.toml, notebooks/, flashedu/ and tests/, as sentences; []
+    when none."""
     try:
         book, chapters = load(root)
     except (ValueError, tomllib.TOMLDecodeError) as e:
         return [str(e) if str(e).startswith("book.toml") else f"book.toml: {e}"]
     problems = _check_manifest(book, chapters)
     listed = {c.notebook for c in chapters}
-    problems += [f"{p.relative_to(root).as_posix()} is not listed in book.toml (add a [[chapter]] or remove it)"
-                 for p in sorted((root / "notebooks").glob("*.ipynb")) if p.relative_to(root).as_posix() not in listed]
+    problems += [
+        f"{p.relative_to(root).as_posix()} is not listed in book.toml "
+        "(add a [[chapter]] or remove it)"
+        for p in sorted((root / "notebooks").glob("*.ipynb"))
+        if p.relative_to(root).as_posix() not in listed
+    ]
     checked: set[str] = set()
     for i, c in enumerate(chapters):
         label = f"chapter {i:02d} ({c.id})"
@@ -209,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             n = f"{len(load()[1])} chapters"
         except ValueError:
             n = "book.toml unreadable"
-        print(f"{n}, {len(problems)} problem(s)" + ("" if problems else ": the course is consistent"))
+        print(
+            f"{n}, {len(problems)} problem(s)" + ("" if problems else ": the course is consistent")
+        )
         return 1 if problems else 0
     if cmd == "list":
         _, chapters = load()

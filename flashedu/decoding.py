@@ -1,32 +1,38 @@
-"""Split-KV decoding (FlashDecoding): a few query rows against a long KV cache, split across programs.
+"""Split-KV decoding (FlashDecoding): a few query rows against a long KV cache, split across
+programs.
 
-When a model generates text, each step brings one new query row per head (N_q = 1) and a KV cache of N_k
-keys. A FlashAttention forward kernel runs one program per (query block, batch, head), so at N_q = 1 it
-launches only B*H programs: far too few to fill a GPU, however long the cache. Split-KV decoding
-(Flash-Decoding, Dao, Haziza, Massa and Sizov, 2023) cuts the cache into `num_splits` chunks instead. Each
-program computes a partial softmax state (m, l, o) over its chunk, and a combine step merges the states with
-the online-softmax rule, exactly as `flashedu.softmax.merge` does. The result is exact attention.
+When a model generates text, each step brings one new query row per head (N_q = 1) and a KV cache of
+N_k keys. A FlashAttention forward kernel runs one program per (query block, batch, head), so at
+N_q = 1 it launches only B*H programs: far too few to fill a GPU, however long the cache. Split-KV
+decoding (Flash-Decoding, Dao, Haziza, Massa and Sizov, 2023) cuts the cache into `num_splits`
+chunks instead. Each program computes a partial softmax state (m, l, o) over its chunk, and a
+combine step merges the states with the online-softmax rule, exactly as `flashedu.softmax.merge`
+does. The result is exact attention.
 
 Two versions, one contract (`forward(q, k, v, *, causal, softmax_scale, ...) -> (o, lse)`, layout
 (B, H, N, d), K/V with H_kv heads, H % H_kv == 0, causal and windows aligned bottom-right):
 
-* `forward`: NumPy. Per split, `partial_state` builds (m, l, o), and `softmax.merge` folds the states.
-* `triton_forward`: torch tensors, a Triton split kernel (one program per split, batch and K/V head) and
-  a Triton combine kernel (one program per query row).
+* `forward`: NumPy. Per split, `partial_state` builds (m, l, o), and `softmax.merge` folds the
+  states.
+* `triton_forward`: torch tensors, a Triton split kernel (one program per split, batch and K/V head)
+  and a Triton combine kernel (one program per query row).
 
 This module also holds the block-visibility rule that chapter 09's pictures, split skipping and ring
-attention share: `block_kind` says whether a (query rows x key columns) block is fully masked ("skip"),
-partly masked ("partial") or fully visible ("full"), from two corners, without building the mask.
+attention share: `block_kind` says whether a (query rows x key columns) block is fully masked
+("skip"), partly masked ("partial") or fully visible ("full"), from two corners, without building
+the mask.
 
 Limits: forward only (decoding needs no gradient). The NumPy version builds each split's scores, a
-(N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding. The Triton
-split kernel holds the H / H_kv * N_q query rows of one K/V head in one tile (at most 128 rows), reuses the
-mask and ALiBi helpers of `flashedu.triton_attention`, and shares its dtypes (fp16, bf16, fp32) and head dims;
-it picks one fixed launch configuration (no autotuning) and has not been timed on a GPU. Partial states go
-through HBM in float32: (num_splits, B, H, N_q) for m and l, and (num_splits, B, H, N_q, d) for o.
+(N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding.
+The Triton split kernel holds the H / H_kv * N_q query rows of one K/V head in one tile (at most 128
+rows), reuses the mask and ALiBi helpers of `flashedu.triton_attention`, and shares its dtypes
+(fp16, bf16, fp32) and head dims; it picks one fixed launch configuration (no autotuning) and has
+not been timed on a GPU. Partial states go through HBM in float32: (num_splits, B, H, N_q) for m and
+l, and (num_splits, B, H, N_q, d) for o.
 
 Introduced in notebooks/09_beyond.ipynb.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,25 +45,29 @@ SKIP, PARTIAL, FULL = "skip", "partial", "full"
 
 
 def key_offsets(rows: tuple[int, int], cols: tuple[int, int], N_q: int, N_k: int) -> np.ndarray:
-    """(r1 - r0, c1 - c0) int array of j - (i + N_k - N_q): each key's distance from the query's diagonal."""
+    """(r1 - r0, c1 - c0) int array of j - (i + N_k - N_q): each key's distance from the query's
+    diagonal."""
     i = np.arange(rows[0], rows[1])[:, None] + (N_k - N_q)
     return np.arange(cols[0], cols[1])[None, :] - i
 
 
-def block_visible(rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_size=None) -> np.ndarray:
-    """The bool mask of one block, `masks.visible(N_q, N_k, ...)[r0:r1, c0:c1]`, built for the block alone."""
+def block_visible(
+    rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_size=None
+) -> np.ndarray:
+    """The bool mask of one block, `masks.visible(N_q, N_k, ...)[r0:r1, c0:c1]`, built for the block
+    alone."""
     _, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
     off = key_offsets(rows, cols, N_q, N_k)
     return ((off >= -left) | (left < 0)) & ((off <= right) | (right < 0))
 
 
 def block_kind(rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_size=None) -> str:
-    """"skip", "partial" or "full" for query rows [r0, r1) against keys [c0, c1), from two corners.
+    """ "skip", "partial" or "full" for query rows [r0, r1) against keys [c0, c1), from two corners.
 
-    Query i sees key j iff -left <= j - (i + N_k - N_q) <= right (`traffic.band`; -1 leaves a side open).
-    That offset grows along a row and shrinks down a column, so the block's smallest offset sits at its
-    bottom-left corner and its largest at its top-right: the block is hidden when the largest is below the
-    band or the smallest above it, and fully visible when both lie inside.
+    Query i sees key j iff -left <= j - (i + N_k - N_q) <= right (`traffic.band`; -1 leaves a side
+    open). That offset grows along a row and shrinks down a column, so the block's smallest offset
+    sits at its bottom-left corner and its largest at its top-right: the block is hidden when the
+    largest is below the band or the smallest above it, and fully visible when both lie inside.
     """
     (r0, r1), (c0, c1) = rows, cols
     off, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
@@ -67,16 +77,24 @@ def block_kind(rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_s
     return FULL if (left < 0 or smallest >= -left) and (right < 0 or largest <= right) else PARTIAL
 
 
-def block_map(N_q: int, N_k: int, block_m: int, block_n: int, *, causal=False, window_size=None) -> np.ndarray:
-    """(ceil(N_q / block_m), ceil(N_k / block_n)) array of "skip" / "partial" / "full" for every tile."""
+def block_map(
+    N_q: int, N_k: int, block_m: int, block_n: int, *, causal=False, window_size=None
+) -> np.ndarray:
+    """(ceil(N_q / block_m), ceil(N_k / block_n)) array of "skip" / "partial" / "full" for every
+    tile."""
     rows = [(r, min(r + block_m, N_q)) for r in range(0, N_q, block_m)]
     cols = [(c, min(c + block_n, N_k)) for c in range(0, N_k, block_n)]
-    return np.array([[block_kind(r, c, N_q, N_k, causal=causal, window_size=window_size) for c in cols]
-                     for r in rows])
+    return np.array(
+        [
+            [block_kind(r, c, N_q, N_k, causal=causal, window_size=window_size) for c in cols]
+            for r in rows
+        ]
+    )
 
 
 def split_bounds(N_k: int, num_splits: int) -> list[tuple[int, int]]:
-    """[(c0, c1), ...]: `num_splits` contiguous chunks of ceil(N_k / num_splits) keys (fewer if N_k is small)."""
+    """[(c0, c1), ...]: `num_splits` contiguous chunks of ceil(N_k / num_splits) keys (fewer if N_k
+    is small)."""
     num_splits = check_block(num_splits, "num_splits", name="decoding")
     size = -(-N_k // num_splits)
     return [(c, min(c + size, N_k)) for c in range(0, N_k, size)]
@@ -87,57 +105,88 @@ def _acc(dtype) -> np.dtype:
 
 
 def partial_state(q, k, v, cols, *, scale, causal=False, window_size=None, alibi_slopes=None):
-    """The softmax state (m, l, o) of all query rows against keys [c0, c1): what one split program computes.
+    """The softmax state (m, l, o) of all query rows against keys [c0, c1): what one split program
+    computes.
 
-    m (B, H, N_q) row max of the scaled scores, l (B, H, N_q) sum of exp(s - m), o (B, H, N_q, d) the
-    unnormalised sum of exp(s - m) v, in the accumulation dtype. Rows that see none of these keys get the
-    empty state m = -inf, l = 0, o = 0.
+    m (B, H, N_q) row max of the scaled scores, l (B, H, N_q) sum of exp(s - m), o (B, H, N_q, d)
+    the unnormalised sum of exp(s - m) v, in the accumulation dtype. Rows that see none of these
+    keys get the empty state m = -inf, l = 0, o = 0.
     """
     B, H, N_q, d = q.shape
     N_k, acc = k.shape[2], _acc(q.dtype)
-    k_j = np.repeat(k[:, :, cols[0]:cols[1]], H // k.shape[1], axis=1).astype(acc)   # (B, H, n, d) GQA
-    v_j = np.repeat(v[:, :, cols[0]:cols[1]], H // v.shape[1], axis=1).astype(acc)
-    s = np.matmul(q.astype(acc), np.swapaxes(k_j, -1, -2)) * acc.type(scale)          # (B, H, N_q, n)
+    k_j = np.repeat(k[:, :, cols[0] : cols[1]], H // k.shape[1], axis=1).astype(
+        acc
+    )  # (B, H, n, d) GQA
+    v_j = np.repeat(v[:, :, cols[0] : cols[1]], H // v.shape[1], axis=1).astype(acc)
+    s = np.matmul(q.astype(acc), np.swapaxes(k_j, -1, -2)) * acc.type(scale)  # (B, H, N_q, n)
     off = key_offsets((0, N_q), cols, N_q, N_k)
     if alibi_slopes is not None:
         s = s - (np.asarray(alibi_slopes, dtype=acc)[:, None, None] * np.abs(off)).astype(acc)
     keep = block_visible((0, N_q), cols, N_q, N_k, causal=causal, window_size=window_size)
-    return softmax.state(np.where(keep, s, -np.inf), v_j)     # o: (B, H, N_q, n) @ (B, H, n, d)
+    return softmax.state(np.where(keep, s, -np.inf), v_j)  # o: (B, H, N_q, n) @ (B, H, n, d)
 
 
 def _check_extras(q, alibi_slopes, window_size, name):
     window_size = check_window(window_size, name=name)
     if alibi_slopes is not None and np.shape(alibi_slopes) != (q.shape[1],):
-        raise ValueError(f"{name}: alibi_slopes must have shape (H,) = ({q.shape[1]},), "
-                         f"got {tuple(np.shape(alibi_slopes))}")
+        raise ValueError(
+            f"{name}: alibi_slopes must have shape (H,) = ({q.shape[1]},), "
+            f"got {tuple(np.shape(alibi_slopes))}"
+        )
     return window_size
 
 
-def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, softmax_scale: float | None = None,
-            window_size=None, alibi_slopes=None, num_splits: int = 4, return_states: bool = False):
-    """Exact attention by split-KV: partial states over `num_splits` key chunks, merged with `softmax.merge`.
+def forward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size=None,
+    alibi_slopes=None,
+    num_splits: int = 4,
+    return_states: bool = False,
+):
+    """Exact attention by split-KV: partial states over `num_splits` key chunks, merged with
+    `softmax.merge`.
 
     Args:
-        q: (B, H, N_q, d), usually N_q = 1; k, v: (B, H_kv, N_k, d), H % H_kv == 0. float16/32/64 NumPy.
+        q: (B, H, N_q, d), usually N_q = 1; k, v: (B, H_kv, N_k, d), H % H_kv == 0. float16/32/64
+            NumPy.
         causal, window_size, alibi_slopes: as in `reference.forward` (bottom-right alignment).
-        num_splits: how many chunks (programs) the cache is cut into; chunks no query sees are skipped.
-        return_states: also return [(cols, kind, (m, l, o)), ...], one entry per split, for the figures.
+        num_splits: how many chunks (programs) the cache is cut into; chunks no query sees are
+            skipped.
+        return_states: also return [(cols, kind, (m, l, o)), ...], one entry per split, for the
+            figures.
     Returns:
-        o (B, H, N_q, d) in q's dtype; lse (B, H, N_q) float32 (float64 for float64 input); -inf and o = 0
-        on rows that see no key.
+        o (B, H, N_q, d) in q's dtype; lse (B, H, N_q) float32 (float64 for float64 input); -inf and
+        o = 0 on rows that see no key.
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="decoding.forward", kind="numpy")
     scale = resolve_scale(softmax_scale, d, name="decoding.forward")
     window_size = _check_extras(q, alibi_slopes, window_size, "decoding.forward")
     acc = _acc(q.dtype)
-    state = (np.full((B, H, N_q), -np.inf, acc), np.zeros((B, H, N_q), acc), np.zeros((B, H, N_q, d), acc))
+    state = (
+        np.full((B, H, N_q), -np.inf, acc),
+        np.zeros((B, H, N_q), acc),
+        np.zeros((B, H, N_q, d), acc),
+    )
     states = []
     for cols in split_bounds(N_k, num_splits):
         kind = block_kind((0, N_q), cols, N_q, N_k, causal=causal, window_size=window_size)
         part = None
-        if kind != SKIP:   # a skipped chunk is never read: its K/V stay in HBM
-            part = partial_state(q, k, v, cols, scale=scale, causal=causal, window_size=window_size,
-                                 alibi_slopes=alibi_slopes)
+        if kind != SKIP:  # a skipped chunk is never read: its K/V stay in HBM
+            part = partial_state(
+                q,
+                k,
+                v,
+                cols,
+                scale=scale,
+                causal=causal,
+                window_size=window_size,
+                alibi_slopes=alibi_slopes,
+            )
             state = softmax.merge(state, part)
         states.append((cols, kind, part))
     o, lse = softmax.finalize(*state)
@@ -145,7 +194,7 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False
     return (o, lse, states) if return_states else (o, lse)
 
 
-# ------------------------------------------------------------------------------------------------ Triton
+# ------------------------------------------------------------------------------------------- Triton
 try:
     import torch
     import triton
@@ -158,128 +207,257 @@ except ModuleNotFoundError as e:  # pragma: no cover - triton is an optional dep
         raise
     triton = None
 
-MAX_ROWS = 128   # query rows (H / H_kv * N_q) one split program holds on chip
+MAX_ROWS = 128  # query rows (H / H_kv * N_q) one split program holds on chip
 
 
 if triton is not None:
+
     @triton.jit
-    def _split_kernel(Q, K, V, M_PART, L_PART, O_PART, SLOPES,
-                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
-                      stride_vn, stride_sb, qk_scale, B, H, H_kv, GROUP, N_q, N_k, SPLIT, KEY_LO, KEY_HI, LEFT, RIGHT,
-                      HEAD_DIM: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                      HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """One program: every query row of the GROUP heads sharing one K/V head, against one split of the cache.
-        Grid (num_splits, B * H_kv). Row r of the tile is query r % N_q of head kv_head * GROUP + r // N_q."""
+    def _split_kernel(
+        Q,
+        K,
+        V,
+        M_PART,
+        L_PART,
+        O_PART,
+        SLOPES,
+        stride_qb,
+        stride_qh,
+        stride_qm,
+        stride_kb,
+        stride_kh,
+        stride_kn,
+        stride_vb,
+        stride_vh,
+        stride_vn,
+        stride_sb,
+        qk_scale,
+        B,
+        H,
+        H_kv,
+        GROUP,
+        N_q,
+        N_k,
+        SPLIT,
+        KEY_LO,
+        KEY_HI,
+        LEFT,
+        RIGHT,
+        HEAD_DIM: tl.constexpr,
+        HAS_LEFT: tl.constexpr,
+        HAS_RIGHT: tl.constexpr,
+        HAS_ALIBI: tl.constexpr,
+        UPCAST: tl.constexpr,
+        PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        """One program: every query row of the GROUP heads sharing one K/V head, against one split
+        of the cache. Grid (num_splits, B * H_kv). Row r of the tile is query r % N_q of head
+        kv_head * GROUP + r // N_q."""
         split = tl.program_id(0)
         b = tl.program_id(1) // H_kv
         kv_head = tl.program_id(1) % H_kv
         r = tl.arange(0, BLOCK_M)
         head = kv_head * GROUP + r // N_q
-        i = r % N_q                                      # query index, for the mask and ALiBi
+        i = r % N_q  # query index, for the mask and ALiBi
         live = r < GROUP * N_q
         dims = tl.arange(0, HEAD_DIM)
-        # the GROUP heads' queries stay on chip; K/V of this split are read once for all of them.  HBM: read rows*d
-        q_ptrs = Q + b.to(tl.int64) * stride_qb + head[:, None].to(tl.int64) * stride_qh + i[:, None] * stride_qm
+        # the GROUP heads' queries stay on chip; K/V of this split are read once for all of them.
+        # HBM: read rows*d
+        q_ptrs = (
+            Q
+            + b.to(tl.int64) * stride_qb
+            + head[:, None].to(tl.int64) * stride_qh
+            + i[:, None] * stride_qm
+        )
         q = tl.load(q_ptrs + dims[None, :], mask=live[:, None], other=0.0)
         K += b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
         V += b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
         slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
         if HAS_ALIBI:
-            slope2 = tl.load(SLOPES + b * stride_sb + head, mask=live, other=0.0) * 1.4426950408889634
+            slope2 = (
+                tl.load(SLOPES + b * stride_sb + head, mask=live, other=0.0) * 1.4426950408889634
+            )
         if UPCAST:
             q = q.to(tl.float32)
         m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        start = tl.maximum(split * SPLIT, KEY_LO)        # keys no query can see are never loaded
+        start = tl.maximum(split * SPLIT, KEY_LO)  # keys no query can see are never loaded
         end = tl.minimum(tl.minimum(split * SPLIT + SPLIT, N_k), KEY_HI)
         for start_n in tl.range(start, end, BLOCK_N):
             cols = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(K + cols[:, None] * stride_kn + dims[None, :], mask=cols[:, None] < end, other=0.0)
-            v = tl.load(V + cols[:, None] * stride_vn + dims[None, :], mask=cols[:, None] < end, other=0.0)
-            if UPCAST:                                   # HBM: read BLOCK_N * d of K and of V
+            k = tl.load(
+                K + cols[:, None] * stride_kn + dims[None, :], mask=cols[:, None] < end, other=0.0
+            )
+            v = tl.load(
+                V + cols[:, None] * stride_vn + dims[None, :], mask=cols[:, None] < end, other=0.0
+            )
+            if UPCAST:  # HBM: read BLOCK_N * d of K and of V
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N), log2 units
+            s = (
+                tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            )  # (BLOCK_M, BLOCK_N), log2 units
             if HAS_ALIBI:
                 s += _alibi(slope2[:, None], i, cols, N_k - N_q)
-            s = tl.where(_visible(i, cols, end, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), s, -float("inf"))
+            s = tl.where(
+                _visible(i, cols, end, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT),
+                s,
+                -float("inf"),
+            )
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)
             p = tl.math.exp2(s - m_use[:, None])
-            alpha = tl.math.exp2(m_i - m_use)            # rescale because the row max moved
+            alpha = tl.math.exp2(m_i - m_use)  # rescale because the row max moved
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)   # (BLOCK_M, d)
+            acc = tl.dot(
+                p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION
+            )  # (BLOCK_M, d)
             m_i = m_new
-        row = ((split * B + b) * H + head).to(tl.int64) * N_q + i    # into (num_splits, B, H, N_q)
-        tl.store(M_PART + row, m_i * 0.6931471805599453, mask=live)  # natural log units; HBM: write rows*(d+2)
+        row = ((split * B + b) * H + head).to(tl.int64) * N_q + i  # into (num_splits, B, H, N_q)
+        tl.store(
+            M_PART + row, m_i * 0.6931471805599453, mask=live
+        )  # natural log units; HBM: write rows*(d+2)
         tl.store(L_PART + row, l_i, mask=live)
         tl.store(O_PART + row[:, None] * HEAD_DIM + dims[None, :], acc, mask=live[:, None])
 
     @triton.jit
-    def _combine_kernel(M_PART, L_PART, O_PART, O, LSE, NUM_SPLITS, ROWS,
-                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-        """One program per query row: fold its NUM_SPLITS partial states at once, the rule of `softmax.merge`."""
+    def _combine_kernel(
+        M_PART,
+        L_PART,
+        O_PART,
+        O,
+        LSE,
+        NUM_SPLITS,
+        ROWS,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        """One program per query row: fold its NUM_SPLITS partial states at once, the rule of
+        `softmax.merge`."""
         row = tl.program_id(0).to(tl.int64)
         s = tl.arange(0, BLOCK_S)
         dims = tl.arange(0, HEAD_DIM)
-        m = tl.load(M_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=-float("inf"))   # HBM: read S*(d+2)
+        m = tl.load(
+            M_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=-float("inf")
+        )  # HBM: read S*(d+2)
         l = tl.load(L_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=0.0)
-        o = tl.load(O_PART + (s[:, None] * ROWS + row) * HEAD_DIM + dims[None, :], mask=s[:, None] < NUM_SPLITS,
-                    other=0.0)
+        o = tl.load(
+            O_PART + (s[:, None] * ROWS + row) * HEAD_DIM + dims[None, :],
+            mask=s[:, None] < NUM_SPLITS,
+            other=0.0,
+        )
         m_max = tl.max(m, 0)
         m_use = tl.where(m_max == -float("inf"), 0.0, m_max)
-        w = tl.exp(m - m_use)                            # each split's weight; 0 for an empty split
+        w = tl.exp(m - m_use)  # each split's weight; 0 for an empty split
         l_sum = tl.sum(w * l, 0)
         l_use = tl.where(l_sum == 0.0, 1.0, l_sum)
-        tl.store(O + row * HEAD_DIM + dims, (tl.sum(w[:, None] * o, 0) / l_use).to(O.dtype.element_ty))
-        tl.store(LSE + row, tl.where(l_sum == 0.0, -float("inf"), m_use + tl.log(l_use)))   # HBM: write d + 1
+        tl.store(
+            O + row * HEAD_DIM + dims, (tl.sum(w[:, None] * o, 0) / l_use).to(O.dtype.element_ty)
+        )
+        tl.store(
+            LSE + row, tl.where(l_sum == 0.0, -float("inf"), m_use + tl.log(l_use))
+        )  # HBM: write d + 1
 
 
 def combine(m, l, o, dtype=None):
-    """Merge partial states m, l (S, B, H, N_q) float32 and o (S, B, H, N_q, d) over their first axis, on
-    the device, with the Triton combine kernel. Returns (o (B, H, N_q, d) in `dtype`, lse float32)."""
+    """Merge partial states m, l (S, B, H, N_q) float32 and o (S, B, H, N_q, d) over their first
+    axis, on the device, with the Triton combine kernel. Returns (o (B, H, N_q, d) in `dtype`, lse
+    float32)."""
     S, d = m.shape[0], o.shape[-1]
     out = torch.empty(o.shape[1:], dtype=dtype or o.dtype, device=o.device)
     lse = torch.empty(m.shape[1:], dtype=torch.float32, device=o.device)
     rows = lse.numel()
-    _combine_kernel[(rows,)](m.contiguous(), l.contiguous(), o.contiguous(), out, lse, S, rows, HEAD_DIM=d,
-                             BLOCK_S=max(2, triton.next_power_of_2(S)))
+    _combine_kernel[(rows,)](
+        m.contiguous(),
+        l.contiguous(),
+        o.contiguous(),
+        out,
+        lse,
+        S,
+        rows,
+        HEAD_DIM=d,
+        BLOCK_S=max(2, triton.next_power_of_2(S)),
+    )
     return out, lse
 
 
-def triton_forward(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, window_size=None,
-                   alibi_slopes=None, num_splits: int = 4, block_n: int | None = None, return_states: bool = False):
-    """Split-KV decoding with Triton: a split kernel writes one partial state per (split, batch, head, row),
-    and a combine kernel merges them. Same arguments and results as `forward`, on torch tensors.
+def triton_forward(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size=None,
+    alibi_slopes=None,
+    num_splits: int = 4,
+    block_n: int | None = None,
+    return_states: bool = False,
+):
+    """Split-KV decoding with Triton: a split kernel writes one partial state per (split, batch,
+    head, row), and a combine kernel merges them. Same arguments and results as `forward`, on torch
+    tensors.
 
-    q: (B, H, N_q, d), with H / H_kv * N_q <= 128 rows (one program holds the queries of every head that
-    shares a K/V head: K and V are read once per group, the point of GQA at decode time); fp16, bf16 or fp32,
-    d in {16, 32, 64, 128, 256}; CUDA tensors, or CPU tensors under the interpreter.
-    block_n: keys per inner step (a power of two >= 16; default 16 under the interpreter, 64 on a GPU).
+    q: (B, H, N_q, d), with H / H_kv * N_q <= 128 rows (one program holds the queries of every head
+    that shares a K/V head: K and V are read once per group, the point of GQA at decode time); fp16,
+    bf16 or fp32, d in {16, 32, 64, 128, 256}; CUDA tensors, or CPU tensors under the interpreter.
+    block_n: keys per inner step (a power of two >= 16; default 16 under the interpreter, 64 on a
+    GPU).
     return_states: also return the partial states (m, l, o), each with a leading num_splits axis.
     """
     name = "decoding.triton_forward"
     (B, H, H_kv, N_q, N_k, d), scale, bounds, slopes, stride_sb = _ta.check_inputs(
-        q, k, v, causal, softmax_scale, window_size, alibi_slopes, name)
+        q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
+    )
     group = H // H_kv
     if group * N_q > MAX_ROWS:
-        raise ValueError(f"{name}: H / H_kv * N_q = {group} * {N_q} query rows exceed the {MAX_ROWS} one program "
-                         "holds; split-KV decoding is for a few query rows (use triton_attention.forward)")
+        raise ValueError(
+            f"{name}: H / H_kv * N_q = {group} * {N_q} query rows exceed the {MAX_ROWS} one "
+            "program holds; split-KV decoding is for a few query rows "
+            "(use triton_attention.forward)"
+        )
     block_n = 16 if _ta.INTERPRETER and block_n is None else block_n or 64
     if not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"{name}: block_n must be a power of two >= 16, got {block_n!r}")
     splits = split_bounds(N_k, num_splits)
     q, k, v = (_ta.rows_contiguous(x) for x in (q, k, v))
     flags, left, right = _ta.kernel_flags(q, scale, bounds, slopes is not None)
-    keys = kv_blocks(0, N_q, N_q, N_k, 1, causal=causal, window_size=check_window(window_size, name=name))
-    parts = [torch.empty((len(splits), B, H, N_q, *extra), dtype=torch.float32, device=q.device)
-             for extra in ((), (), (d,))]
-    slopes = parts[0] if slopes is None else slopes                  # any float32 pointer without ALiBi
+    keys = kv_blocks(
+        0, N_q, N_q, N_k, 1, causal=causal, window_size=check_window(window_size, name=name)
+    )
+    parts = [
+        torch.empty((len(splits), B, H, N_q, *extra), dtype=torch.float32, device=q.device)
+        for extra in ((), (), (d,))
+    ]
+    slopes = parts[0] if slopes is None else slopes  # any float32 pointer without ALiBi
     _split_kernel[(len(splits), B * H_kv)](
-        q, k, v, *parts, slopes, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], stride_sb, scale * _ta.LOG2E,
-        B, H, H_kv, group, N_q, N_k, splits[0][1], keys.start, keys.stop, left, right,
-        BLOCK_M=max(16, triton.next_power_of_2(group * N_q)), BLOCK_N=block_n, **flags)
+        q,
+        k,
+        v,
+        *parts,
+        slopes,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        stride_sb,
+        scale * _ta.LOG2E,
+        B,
+        H,
+        H_kv,
+        group,
+        N_q,
+        N_k,
+        splits[0][1],
+        keys.start,
+        keys.stop,
+        left,
+        right,
+        BLOCK_M=max(16, triton.next_power_of_2(group * N_q)),
+        BLOCK_N=block_n,
+        **flags,
+    )
     o, lse = combine(*parts, dtype=q.dtype)
     return (o, lse, tuple(parts)) if return_states else (o, lse)

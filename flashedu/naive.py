@@ -1,14 +1,15 @@
 """Standard attention in NumPy, step by step as a GPU runs it: S, then P, then O, each through HBM.
 
-Every intermediate is materialised at full size: S and P are (B, H, N_q, N_k). The comments give the HBM
-traffic of each step; pass a `traffic.Ledger` to have it counted, and `traffic.naive_forward` /
-`traffic.naive_backward` give the same totals in closed form.
+Every intermediate is materialised at full size: S and P are (B, H, N_q, N_k). The comments give the
+HBM traffic of each step; pass a `traffic.Ledger` to have it counted, and
+`traffic.naive_forward` / `traffic.naive_backward` give the same totals in closed form.
 
 Storage follows a GPU kernel: S and P are stored in the input dtype, products accumulate in float32
 (float64 for float64 inputs). Limits: the N_q x N_k arrays are the point, so memory grows as N^2.
 
 Introduced in notebooks/01_naive_attention.ipynb.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,23 +28,34 @@ def _expand(x: np.ndarray, H: int) -> np.ndarray:
 
 
 def _scores(q, k, scale, causal, window_size, acc):
-    s = np.matmul(q.astype(acc), np.swapaxes(k, -1, -2).astype(acc)) * acc.type(scale)   # (B, H, N_q, N_k)
+    s = np.matmul(q.astype(acc), np.swapaxes(k, -1, -2).astype(acc)) * acc.type(
+        scale
+    )  # (B, H, N_q, N_k)
     keep = masks.visible(q.shape[2], k.shape[2], causal=causal, window_size=window_size)
     return np.where(keep, s, -np.inf)
 
 
 def _softmax(s, acc):
-    m = s.max(axis=-1, keepdims=True)                          # (B, H, N_q, 1), -inf on fully masked rows
+    m = s.max(axis=-1, keepdims=True)  # (B, H, N_q, 1), -inf on fully masked rows
     m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s.astype(acc) - m)                              # masked entries: exp(-inf) = 0
+    p = np.exp(s.astype(acc) - m)  # masked entries: exp(-inf) = 0
     l = p.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1)), -np.inf)[..., 0]
     return p / np.where(l > 0, l, 1), lse.astype(acc)
 
 
-def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, softmax_scale: float | None = None,
-            window_size=None, ledger=NULL_LEDGER, return_p: bool = False):
+def forward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size=None,
+    ledger=NULL_LEDGER,
+    return_p: bool = False,
+):
     """Standard attention, materialising S and P.
 
     Args:
@@ -54,7 +66,8 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False
         ledger: a `traffic.Ledger` to count HBM traffic.
         return_p: also return P (B, H, N_q, N_k), which the standard backward reads.
     Returns:
-        o (B, H, N_q, d) in q's dtype (0 on fully masked rows), lse (B, H, N_q) float32 (float64 for float64).
+        o (B, H, N_q, d) in q's dtype (0 on fully masked rows), lse (B, H, N_q) float32
+        (float64 for float64).
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="naive.forward", kind="numpy")
     scale = resolve_scale(softmax_scale, d, name="naive.forward")
@@ -63,30 +76,43 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False
     k, v = _expand(k, H), _expand(v, H)
 
     s = _scores(q, k, scale, causal, window_size, acc).astype(q.dtype)
-    ledger.read("Q", q)                 # HBM: read B H N_q d
-    ledger.read("K", k)                 # HBM: read B H N_k d
-    ledger.write("S", s)                # HBM: write B H N_q N_k  <- the N^2 term
+    ledger.read("Q", q)  # HBM: read B H N_q d
+    ledger.read("K", k)  # HBM: read B H N_k d
+    ledger.write("S", s)  # HBM: write B H N_q N_k  <- the N^2 term
 
-    ledger.read("S", s)                 # HBM: read B H N_q N_k
+    ledger.read("S", s)  # HBM: read B H N_q N_k
     p, lse = _softmax(s, acc)
     p = p.astype(q.dtype)
-    ledger.write("P", p)                # HBM: write B H N_q N_k
-    ledger.write("lse", lse)            # HBM: write B H N_q (kept for the chapters that compare lse)
+    ledger.write("P", p)  # HBM: write B H N_q N_k
+    ledger.write("lse", lse)  # HBM: write B H N_q (kept for the chapters that compare lse)
 
-    ledger.read("P", p)                 # HBM: read B H N_q N_k
-    ledger.read("V", v)                 # HBM: read B H N_k d
-    o = np.matmul(p.astype(acc), v.astype(acc)).astype(q.dtype)   # (B, H, N_q, d)
-    ledger.write("O", o)                # HBM: write B H N_q d
+    ledger.read("P", p)  # HBM: read B H N_q N_k
+    ledger.read("V", v)  # HBM: read B H N_k d
+    o = np.matmul(p.astype(acc), v.astype(acc)).astype(q.dtype)  # (B, H, N_q, d)
+    ledger.write("O", o)  # HBM: write B H N_q d
     return (o, lse, p) if return_p else (o, lse)
 
 
-def backward(do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray, *,
-             causal: bool = False, softmax_scale: float | None = None, window_size=None, p: np.ndarray | None = None,
-             ledger=NULL_LEDGER):
-    """Standard backward (Dao et al. 2022, Algorithm 3): reads the stored P and writes dP and dS to HBM.
+def backward(
+    do: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    o: np.ndarray,
+    lse: np.ndarray,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size=None,
+    p: np.ndarray | None = None,
+    ledger=NULL_LEDGER,
+):
+    """Standard backward (Dao et al. 2022, Algorithm 3): reads the stored P and writes dP and dS to
+    HBM.
 
-    p: P from `forward(..., return_p=True)`. If omitted it is rebuilt as exp(S - lse), standing in for the
-    copy a GPU implementation would have kept in HBM; the ledger counts it as read either way.
+    p: P from `forward(..., return_p=True)`. If omitted it is rebuilt as exp(S - lse), standing in
+    for the copy a GPU implementation would have kept in HBM; the ledger counts it as read either
+    way.
     Returns dq (B, H, N_q, d), dk, dv (B, H_kv, N_k, d) in q's dtype.
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="naive.backward", kind="numpy")
@@ -97,28 +123,33 @@ def backward(do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.
     ke, ve = _expand(k, H), _expand(v, H)
     if p is None:
         s = _scores(q, ke, scale, causal, window_size, acc)
-        lse_safe = np.where(np.isfinite(lse), lse, np.inf)[..., None]     # fully masked rows -> P = 0
+        lse_safe = np.where(np.isfinite(lse), lse, np.inf)[..., None]  # fully masked rows -> P = 0
         p = np.exp(s - lse_safe.astype(acc)).astype(q.dtype)
     do_a, p_a = do.astype(acc), p.astype(acc)
 
-    ledger.read("P", p); ledger.read("dO", do)          # dV = P^T dO                  (B, H, N_k, d)
+    ledger.read("P", p)
+    ledger.read("dO", do)  # dV = P^T dO                  (B, H, N_k, d)
     dv = np.matmul(np.swapaxes(p_a, -1, -2), do_a)
     ledger.write("dV", dv.astype(q.dtype))
 
-    ledger.read("dO", do); ledger.read("V", ve)         # dP = dO V^T                  (B, H, N_q, N_k)
+    ledger.read("dO", do)
+    ledger.read("V", ve)  # dP = dO V^T                  (B, H, N_q, N_k)
     dp = np.matmul(do_a, np.swapaxes(ve, -1, -2).astype(acc)).astype(q.dtype)
     ledger.write("dP", dp)
 
-    ledger.read("P", p); ledger.read("dP", dp)          # dS = P * (dP - rowsum(P * dP))
+    ledger.read("P", p)
+    ledger.read("dP", dp)  # dS = P * (dP - rowsum(P * dP))
     dp_a = dp.astype(acc)
     ds = (p_a * (dp_a - (p_a * dp_a).sum(axis=-1, keepdims=True))).astype(q.dtype)
     ledger.write("dS", ds)
 
-    ledger.read("dS", ds); ledger.read("K", ke)         # dQ = scale dS K              (B, H, N_q, d)
+    ledger.read("dS", ds)
+    ledger.read("K", ke)  # dQ = scale dS K              (B, H, N_q, d)
     dq = np.matmul(ds.astype(acc), ke.astype(acc)) * scale
     ledger.write("dQ", dq.astype(q.dtype))
 
-    ledger.read("dS", ds); ledger.read("Q", q)          # dK = scale dS^T Q            (B, H, N_k, d)
+    ledger.read("dS", ds)
+    ledger.read("Q", q)  # dK = scale dS^T Q            (B, H, N_k, d)
     dk = np.matmul(np.swapaxes(ds, -1, -2).astype(acc), q.astype(acc)) * scale
     ledger.write("dK", dk.astype(q.dtype))
 

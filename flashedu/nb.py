@@ -2,6 +2,7 @@
 
 Introduced in notebooks/00_memory_hierarchy.ipynb.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -11,7 +12,8 @@ import numpy as np
 
 
 def seed_everything(seed: int = 0) -> np.random.Generator:
-    """Seed Python, NumPy and torch (if installed); return a fresh NumPy Generator seeded the same."""
+    """Seed Python, NumPy and torch (if installed); return a fresh NumPy Generator seeded the
+    same."""
     random.seed(seed)
     np.random.seed(seed)
     try:
@@ -31,7 +33,8 @@ def source(obj) -> str:
 def show_source(obj):
     """Display the source of `obj` with syntax highlighting (plain text outside IPython).
 
-    Notebooks call this instead of copying package code, so the learner reads exactly what the tests cover.
+    Notebooks call this instead of copying package code, so the learner reads exactly what the tests
+    cover.
     """
     text = source(obj)
     try:

@@ -1,11 +1,12 @@
 """Exact attention in float64: the oracle every other implementation is compared with.
 
-Plain formulas, no tiling, no cleverness: S = scale * Q K^T (+ bias), masked entries -inf, P = softmax(S)
-row by row, O = P V; the backward pass by the closed-form gradients. Everything is computed in float64
-and returned in float64, whatever the input dtype.
+Plain formulas, no tiling, no cleverness: S = scale * Q K^T (+ bias), masked entries -inf,
+P = softmax(S) row by row, O = P V; the backward pass by the closed-form gradients. Everything is
+computed in float64 and returned in float64, whatever the input dtype.
 
 Introduced in notebooks/01_naive_attention.ipynb.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,15 +22,18 @@ def _as_f64(x) -> np.ndarray:
 
 
 def _expand_kv(x: np.ndarray, H: int) -> np.ndarray:
-    """(B, H_kv, N, d) -> (B, H, N, d): each K/V head serves H // H_kv consecutive query heads (GQA)."""
+    """(B, H_kv, N, d) -> (B, H, N, d): each K/V head serves H // H_kv consecutive query heads
+    (GQA)."""
     return np.repeat(x, H // x.shape[1], axis=1)
 
 
-def probabilities(q, k, *, causal=False, softmax_scale=None, window_size=None, alibi_slopes=None, attn_mask=None):
+def probabilities(
+    q, k, *, causal=False, softmax_scale=None, window_size=None, alibi_slopes=None, attn_mask=None
+):
     """P (B, H, N_q, N_k) float64 and lse (B, H, N_q): the softmax of the masked, scaled scores.
 
-    attn_mask: optional bool array broadcastable to (B, H, N_q, N_k), True = may attend (SDPA's convention).
-    A row with nothing visible has P = 0 and lse = -inf.
+    attn_mask: optional bool array broadcastable to (B, H, N_q, N_k), True = may attend
+    (SDPA's convention). A row with nothing visible has P = 0 and lse = -inf.
     """
     q, k = _as_f64(q), _as_f64(k)
     H, N_q, d = q.shape[1], q.shape[2], q.shape[3]
@@ -38,12 +42,14 @@ def probabilities(q, k, *, causal=False, softmax_scale=None, window_size=None, a
     s = np.einsum("bhid,bhjd->bhij", q, _expand_kv(k, H)) * scale  # (B, H, N_q, N_k)
     if alibi_slopes is not None:
         s = s + masks.alibi_bias(alibi_slopes, N_q, N_k)[None]
-    keep = masks.visible(N_q, N_k, causal=causal, window_size=check_window(window_size, name="reference"))
+    keep = masks.visible(
+        N_q, N_k, causal=causal, window_size=check_window(window_size, name="reference")
+    )
     keep = np.broadcast_to(keep, s.shape)
     if attn_mask is not None:
         keep = keep & np.broadcast_to(np.asarray(attn_mask, dtype=bool), s.shape)
     s = np.where(keep, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)                 # (B, H, N_q, 1); -inf on fully masked rows
+    m = s.max(axis=-1, keepdims=True)  # (B, H, N_q, 1); -inf on fully masked rows
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.where(keep, np.exp(s - m_safe), 0.0)
     l = p.sum(axis=-1, keepdims=True)
@@ -53,43 +59,88 @@ def probabilities(q, k, *, causal=False, softmax_scale=None, window_size=None, a
     return p, lse
 
 
-def forward(q, k, v, *, causal=False, softmax_scale=None, window_size=None, alibi_slopes=None, attn_mask=None):
+def forward(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    softmax_scale=None,
+    window_size=None,
+    alibi_slopes=None,
+    attn_mask=None,
+):
     """Exact attention. q (B, H, N_q, d); k, v (B, H_kv, N_k, d), H % H_kv == 0.
 
-    Returns o (B, H, N_q, d) and lse (B, H, N_q), both float64. Fully masked rows give o = 0, lse = -inf.
-    See `masks.visible` for causal and window alignment (bottom-right) and `masks.alibi_bias` for ALiBi.
+    Returns o (B, H, N_q, d) and lse (B, H, N_q), both float64. Fully masked rows give o = 0,
+    lse = -inf. See `masks.visible` for causal and window alignment (bottom-right) and
+    `masks.alibi_bias` for ALiBi.
     """
     check_qkv(q, k, v, name="reference.forward")
-    p, lse = probabilities(q, k, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                           alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+    p, lse = probabilities(
+        q,
+        k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_size=window_size,
+        alibi_slopes=alibi_slopes,
+        attn_mask=attn_mask,
+    )
     o = np.einsum("bhij,bhjd->bhid", p, _expand_kv(_as_f64(v), p.shape[1]))
     return o, lse
 
 
 def _reduce_heads(g: np.ndarray, H_kv: int) -> np.ndarray:
-    """Sum a (B, H, N, d) gradient over the query heads that share each K/V head -> (B, H_kv, N, d)."""
+    """Sum a (B, H, N, d) gradient over the query heads that share each K/V
+    head -> (B, H_kv, N, d)."""
     B, H, N, d = g.shape
     return g.reshape(B, H_kv, H // H_kv, N, d).sum(axis=2)
 
 
-def backward(do, q, k, v, o=None, lse=None, *, causal=False, softmax_scale=None, window_size=None,
-             alibi_slopes=None, attn_mask=None):
+def backward(
+    do,
+    q,
+    k,
+    v,
+    o=None,
+    lse=None,
+    *,
+    causal=False,
+    softmax_scale=None,
+    window_size=None,
+    alibi_slopes=None,
+    attn_mask=None,
+):
     """Gradients (dq, dk, dv) of sum(o * do) in float64, from the closed forms.
 
-    o and lse are accepted for the common signature but not trusted: P is recomputed here in float64.
-        dv = P^T dO     dP = dO V^T     dS = P * (dP - rowsum(P * dP))     dq = scale dS K     dk = scale dS^T Q
+    o and lse are accepted for the common signature but not trusted: P is recomputed here in
+    float64.
+        dv = P^T dO     dP = dO V^T     dS = P * (dP - rowsum(P * dP))
+        dq = scale dS K     dk = scale dS^T Q
     """
     check_qkv(q, k, v, name="reference.backward")
     if o is not None and lse is not None:
         check_backward(do, o, lse, q, name="reference.backward")
     H, H_kv, d = q.shape[1], k.shape[1], q.shape[3]
     scale = resolve_scale(softmax_scale, d, name="reference")
-    do, q64, k64, v64 = _as_f64(do), _as_f64(q), _expand_kv(_as_f64(k), H), _expand_kv(_as_f64(v), H)
-    p, _ = probabilities(q, k, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                         alibi_slopes=alibi_slopes, attn_mask=attn_mask)
-    dv = np.einsum("bhij,bhid->bhjd", p, do)                       # (B, H, N_k, d)
-    dp = np.einsum("bhid,bhjd->bhij", do, v64)                     # (B, H, N_q, N_k)
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))           # softmax Jacobian; 0 where P = 0
+    do, q64, k64, v64 = (
+        _as_f64(do),
+        _as_f64(q),
+        _expand_kv(_as_f64(k), H),
+        _expand_kv(_as_f64(v), H),
+    )
+    p, _ = probabilities(
+        q,
+        k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_size=window_size,
+        alibi_slopes=alibi_slopes,
+        attn_mask=attn_mask,
+    )
+    dv = np.einsum("bhij,bhid->bhjd", p, do)  # (B, H, N_k, d)
+    dp = np.einsum("bhid,bhjd->bhij", do, v64)  # (B, H, N_q, N_k)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))  # softmax Jacobian; 0 where P = 0
     dq = np.einsum("bhij,bhjd->bhid", ds, k64) * scale
     dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
     return dq, _reduce_heads(dk, H_kv), _reduce_heads(dv, H_kv)

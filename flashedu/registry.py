@@ -5,10 +5,11 @@ Each entry names a module with the common contract
     forward(q, k, v, *, causal=False, softmax_scale=None, ...) -> (o, lse)
     backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, ...) -> (dq, dk, dv)
 
-and says what arrays it takes ("numpy" or "torch"), which dtypes, and which features beyond plain and causal
-attention it supports: "gqa" (fewer K/V heads), "window" (sliding window), "alibi".
+and says what arrays it takes ("numpy" or "torch"), which dtypes, and which features beyond plain
+and causal attention it supports: "gqa" (fewer K/V heads), "window" (sliding window), "alibi".
 Modules load lazily, so listing the Triton kernels does not import triton.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,7 +21,7 @@ from types import ModuleType
 class Implementation:
     name: str
     module_name: str
-    kind: str                       # "numpy" or "torch"
+    kind: str  # "numpy" or "torch"
     dtypes: tuple[str, ...]
     features: frozenset[str]
     chapter: str
@@ -38,21 +39,58 @@ class Implementation:
 
 
 def _impl(name, module, kind, dtypes, features, chapter, summary):
-    return Implementation(name, "flashedu." + module, kind, tuple(dtypes), frozenset(features), chapter, summary)
+    return Implementation(
+        name, "flashedu." + module, kind, tuple(dtypes), frozenset(features), chapter, summary
+    )
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in [
-        _impl("reference", "reference", "numpy", ["float64"], ["gqa", "window", "alibi"], "01",
-              "float64 oracle by the plain formulas"),
-        _impl("naive", "naive", "numpy", ["float16", "float32", "float64"], ["gqa", "window"], "01",
-              "standard attention: S and P through HBM"),
-        _impl("tiled", "tiled", "numpy", ["float16", "float32", "float64"], ["gqa", "window", "alibi"], "03",
-              "FlashAttention tiles and online softmax in NumPy"),
-        _impl("torch_tiled", "torch_tiled", "torch", ["float16", "bfloat16", "float32", "float64"], ["gqa"], "05",
-              "the tiled algorithm in PyTorch ops; differentiable through flashedu.autograd"),
-        _impl("triton", "triton_attention", "torch", ["float16", "bfloat16", "float32"], ["gqa", "window", "alibi"],
-              "06", "FlashAttention-2 kernels in Triton"),
+        _impl(
+            "reference",
+            "reference",
+            "numpy",
+            ["float64"],
+            ["gqa", "window", "alibi"],
+            "01",
+            "float64 oracle by the plain formulas",
+        ),
+        _impl(
+            "naive",
+            "naive",
+            "numpy",
+            ["float16", "float32", "float64"],
+            ["gqa", "window"],
+            "01",
+            "standard attention: S and P through HBM",
+        ),
+        _impl(
+            "tiled",
+            "tiled",
+            "numpy",
+            ["float16", "float32", "float64"],
+            ["gqa", "window", "alibi"],
+            "03",
+            "FlashAttention tiles and online softmax in NumPy",
+        ),
+        _impl(
+            "torch_tiled",
+            "torch_tiled",
+            "torch",
+            ["float16", "bfloat16", "float32", "float64"],
+            ["gqa"],
+            "05",
+            "the tiled algorithm in PyTorch ops; differentiable through flashedu.autograd",
+        ),
+        _impl(
+            "triton",
+            "triton_attention",
+            "torch",
+            ["float16", "bfloat16", "float32"],
+            ["gqa", "window", "alibi"],
+            "06",
+            "FlashAttention-2 kernels in Triton",
+        ),
     ]
 }

@@ -2,8 +2,8 @@
 and a comparison that says what went wrong.
 
 Tolerances (absolute, relative) per dtype, used as |actual - expected| <= atol + rtol * |expected|
-against the float64 reference. Worst errors measured for `naive` on unit-scale random inputs, N <= 512,
-d <= 64, causal and not (forward / gradients), and the tolerance set from them:
+against the float64 reference. Worst errors measured for `naive` on unit-scale random inputs,
+N <= 512, d <= 64, causal and not (forward / gradients), and the tolerance set from them:
 
     float64   ~1e-15                        -> 1e-12 / 1e-12
     float32   7.7e-7 / 2.7e-6               -> 2e-5 / 2e-5 (gradients 5e-5: they sum N terms)
@@ -11,11 +11,12 @@ d <= 64, causal and not (forward / gradients), and the tolerance set from them:
               in fp16, as a GPU would)
     bfloat16  (8-bit mantissa, about 8x fp16's rounding) -> 3e-2 / 3e-2 (gradients 5e-2)
 
-On a GPU, fp16/bf16 kernels are also held to flash-attn's rule: error at most twice that of PyTorch's own
-same-precision computation on the same inputs (`flashedu/gpu_check.py`).
+On a GPU, fp16/bf16 kernels are also held to flash-attn's rule: error at most twice that of
+PyTorch's own same-precision computation on the same inputs (`flashedu/gpu_check.py`).
 
 Introduced in notebooks/01_naive_attention.ipynb.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,7 +47,13 @@ GRAD_TOLERANCES: dict[str, Tolerance] = {
 def dtype_name(dtype) -> str:
     """'float32' for np.float32, np.dtype('float32'), torch.float32 or the string itself."""
     s = str(dtype)
-    return s.split(".")[-1] if s.startswith("torch.") else np.dtype(dtype).name if s != "bfloat16" else s
+    return (
+        s.split(".")[-1]
+        if s.startswith("torch.")
+        else np.dtype(dtype).name
+        if s != "bfloat16"
+        else s
+    )
 
 
 def tolerance(dtype, *, grad: bool = False) -> Tolerance:
@@ -60,8 +67,20 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def random_qkv(B: int, H: int, N_q: int, N_k: int, d: int, dtype="float32", *, H_kv: int | None = None,
-               seed: int | np.random.Generator = 0, kind: str = "numpy", device: str = "cpu", scale: float = 1.0):
+def random_qkv(
+    B: int,
+    H: int,
+    N_q: int,
+    N_k: int,
+    d: int,
+    dtype="float32",
+    *,
+    H_kv: int | None = None,
+    seed: int | np.random.Generator = 0,
+    kind: str = "numpy",
+    device: str = "cpu",
+    scale: float = 1.0,
+):
     """Fresh standard-normal q (B, H, N_q, d), k and v (B, H_kv, N_k, d), times `scale`.
 
     Drawn in float64 by NumPy from `seed` (so every array kind gets the same values), then cast.
@@ -69,7 +88,10 @@ def random_qkv(B: int, H: int, N_q: int, N_k: int, d: int, dtype="float32", *, H
     """
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     H_kv = H if H_kv is None else H_kv
-    arrays = [rng.standard_normal(shape) * scale for shape in ((B, H, N_q, d), (B, H_kv, N_k, d), (B, H_kv, N_k, d))]
+    arrays = [
+        rng.standard_normal(shape) * scale
+        for shape in ((B, H, N_q, d), (B, H_kv, N_k, d), (B, H_kv, N_k, d))
+    ]
     return tuple(convert(a, dtype, kind=kind, device=device) for a in arrays)
 
 
@@ -86,7 +108,8 @@ def convert(a: np.ndarray, dtype="float32", *, kind: str = "numpy", device: str 
 
 
 def max_error(actual, expected) -> tuple[float, float]:
-    """(max absolute error, max relative error) over finite expected entries; inf where NaN appears."""
+    """(max absolute error, max relative error) over finite expected entries; inf where NaN
+    appears."""
     a, e = to_numpy(actual), to_numpy(expected)
     if a.shape != e.shape:
         raise AssertionError(f"shape mismatch: got {a.shape}, expected {e.shape}")
@@ -95,10 +118,20 @@ def max_error(actual, expected) -> tuple[float, float]:
         diff = np.where(both_inf, 0.0, np.abs(a - e))
     if np.isnan(diff).any():
         return float("inf"), float("inf")
-    return float(diff.max(initial=0.0)), float((diff / np.maximum(np.abs(e), 1e-30)).max(initial=0.0))
+    return float(diff.max(initial=0.0)), float(
+        (diff / np.maximum(np.abs(e), 1e-30)).max(initial=0.0)
+    )
 
 
-def assert_close(actual, expected, dtype=None, *, grad: bool = False, name: str = "output", tol: Tolerance | None = None):
+def assert_close(
+    actual,
+    expected,
+    dtype=None,
+    *,
+    grad: bool = False,
+    name: str = "output",
+    tol: Tolerance | None = None,
+):
     """Assert |actual - expected| <= atol + rtol |expected| elementwise (tolerance per dtype), with
     infinities required to match exactly (lse = -inf on fully masked rows) and NaN never allowed."""
     a, e = to_numpy(actual), to_numpy(expected)
@@ -106,7 +139,9 @@ def assert_close(actual, expected, dtype=None, *, grad: bool = False, name: str 
         raise AssertionError(f"{name}: shape {a.shape}, expected {e.shape}")
     if np.isnan(a).any():
         raise AssertionError(f"{name}: {int(np.isnan(a).sum())} NaN entries (expected none)")
-    tol = tol or tolerance(dtype if dtype is not None else getattr(actual, "dtype", "float64"), grad=grad)
+    tol = tol or tolerance(
+        dtype if dtype is not None else getattr(actual, "dtype", "float64"), grad=grad
+    )
     inf_mismatch = np.isinf(a) != np.isinf(e)
     if inf_mismatch.any():
         idx = tuple(int(i) for i in np.argwhere(inf_mismatch)[0])
@@ -120,9 +155,11 @@ def assert_close(actual, expected, dtype=None, *, grad: bool = False, name: str 
     bad = diff > bound
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{name}: {int(bad.sum())} of {a.size} entries outside atol={tol.atol:g}, "
-                             f"rtol={tol.rtol:g}; max |diff| = {diff.max():.3e}; first at {idx}: "
-                             f"got {a[idx]!r}, expected {e[idx]!r}")
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {a.size} entries outside atol={tol.atol:g}, "
+            f"rtol={tol.rtol:g}; max |diff| = {diff.max():.3e}; first at {idx}: "
+            f"got {a[idx]!r}, expected {e[idx]!r}"
+        )
 
 
 def run_grader(grader, fn, seed=0):

@@ -1,34 +1,39 @@
-"""FlashAttention in NumPy: exact attention computed tile by tile, never materialising the N_q x N_k scores.
+"""FlashAttention in NumPy: exact attention computed tile by tile, never materialising the N_q x N_k
+scores.
 
 The forward pass walks (block_m x block_n) tiles of the score matrix with the online softmax of
 `flashedu.softmax`, in either loop order:
 
-* order="fa2" (default; Dao 2023, arXiv:2307.08691, Algorithm 1): outer loop over query blocks. q_i, the
-  accumulator o_i and the statistics m_i, l_i stay in SRAM while every K_j, V_j streams past; O and lse
-  are written once.
-* order="fa1" (Dao et al. 2022, arXiv:2205.14135, Algorithm 1): outer loop over K/V blocks. O, m and l live
-  in HBM and every tile reads and rewrites its rows of them (O kept normalised, as in the paper).
+* order="fa2" (default; Dao 2023, arXiv:2307.08691, Algorithm 1): outer loop over query blocks. q_i,
+  the accumulator o_i and the statistics m_i, l_i stay in SRAM while every K_j, V_j streams past; O
+  and lse are written once.
+* order="fa1" (Dao et al. 2022, arXiv:2205.14135, Algorithm 1): outer loop over K/V blocks. O, m and
+  l live in HBM and every tile reads and rewrites its rows of them (O kept normalised, as in the
+  paper).
 
-The backward pass (`backward`, in `flashedu/tiled_backward.py`) recomputes P tile by tile from Q, K and
-the saved lse.
+The backward pass (`backward`, in `flashedu/tiled_backward.py`) recomputes P tile by tile from Q, K
+and the saved lse.
 
-Names follow the paper: block_m = B_r (rows of Q per tile), block_n = B_c (rows of K/V per tile). Block
-sizes are explicit, or derived from an SRAM size by the paper's rule (`traffic.block_sizes`). Tiles that
-a causal or sliding-window mask hides entirely are skipped whole: never loaded, never computed.
+Names follow the paper: block_m = B_r (rows of Q per tile), block_n = B_c (rows of K/V per tile).
+Block sizes are explicit, or derived from an SRAM size by the paper's rule (`traffic.block_sizes`).
+Tiles that a causal or sliding-window mask hides entirely are skipped whole: never loaded, never
+computed.
 
-Every HBM <-> SRAM transfer is reported to `ledger` (a `traffic.Ledger`), and `traffic.flash_forward` /
-`traffic.flash_backward` give the same byte counts in closed form. A ledger with `sram_bytes` refuses block
-sizes whose tiles do not fit. Each (batch, head) program is counted separately: all B*H of them run at once
-here (NumPy broadcasting over the leading axes), as they would in parallel on a GPU.
+Every HBM <-> SRAM transfer is reported to `ledger` (a `traffic.Ledger`), and
+`traffic.flash_forward` / `traffic.flash_backward` give the same byte counts in closed form. A
+ledger with `sram_bytes` refuses block sizes whose tiles do not fit. Each (batch, head) program is
+counted separately: all B*H of them run at once here (NumPy broadcasting over the leading axes), as
+they would in parallel on a GPU.
 
-Honest limits: this is NumPy on a CPU; it shows the structure and the traffic, not GPU speed. A "transfer"
-is a slice of a NumPy array that the ledger is told about; the model ignores caches (L2 on a real GPU
-absorbs many of the repeated K/V reads). Accumulation is float32 (float64 for float64 inputs); the FA1 order
-stores O in the input dtype between tiles, as a kernel writing to HBM would.
+Honest limits: this is NumPy on a CPU; it shows the structure and the traffic, not GPU speed. A
+"transfer" is a slice of a NumPy array that the ledger is told about; the model ignores caches (L2
+on a real GPU absorbs many of the repeated K/V reads). Accumulation is float32 (float64 for float64
+inputs); the FA1 order stores O in the input dtype between tiles, as a kernel writing to HBM would.
 
-Introduced in notebooks/03_tiled_forward.ipynb; the backward in notebooks/04_recompute_backward.ipynb;
-windows, ALiBi and GQA in notebooks/09_beyond.ipynb.
+Introduced in notebooks/03_tiled_forward.ipynb; the backward in
+notebooks/04_recompute_backward.ipynb; windows, ALiBi and GQA in notebooks/09_beyond.ipynb.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,14 +43,24 @@ import numpy as np
 from . import softmax
 from ._validate import check_block, check_qkv, check_window, resolve_scale
 from .naive import _acc
-from .traffic import (DEFAULT_SRAM_BYTES, NULL_LEDGER, Ledger, _check_order, _row_blocks, band, block_sizes,
-                      kv_blocks, tile_bytes)
+from .traffic import (
+    DEFAULT_SRAM_BYTES,
+    NULL_LEDGER,
+    Ledger,
+    _check_order,
+    _row_blocks,
+    band,
+    block_sizes,
+    kv_blocks,
+    tile_bytes,
+)
 
 
 @dataclass(frozen=True)
 class Problem:
-    """Everything the tile loops need, validated once. Arrays are grouped (B, H_kv, g, N, d), g = H // H_kv,
-    so one K/V head broadcasts over the g query heads that share it (GQA) without copies."""
+    """Everything the tile loops need, validated once. Arrays are grouped (B, H_kv, g, N, d),
+    g = H // H_kv, so one K/V head broadcasts over the g query heads that share it (GQA) without
+    copies."""
 
     B: int
     H: int
@@ -56,18 +71,19 @@ class Problem:
     scale: float
     causal: bool
     window_size: tuple[int, int] | None
-    slopes: np.ndarray | None      # (1, H_kv, g, 1, 1) ALiBi slopes in the accumulation dtype, or None
+    slopes: np.ndarray | None  # (1, H_kv, g, 1, 1) ALiBi slopes in the accumulation dtype, or None
     block_m: int
     block_n: int
-    dtype: np.dtype                # input dtype (storage in HBM)
-    acc: np.dtype                  # accumulation dtype
+    dtype: np.dtype  # input dtype (storage in HBM)
+    acc: np.dtype  # accumulation dtype
 
     def hbm(self, rows: int, itemsize: int | None = None) -> int:
         """Bytes of `rows` rows of a (B, H, N, d) tensor, over all (batch, head) programs."""
         return self.B * self.H * rows * self.d * (itemsize or self.dtype.itemsize)
 
     def stat(self, rows: int) -> int:
-        """Bytes of `rows` entries of a (B, H, N) statistic (m, l, lse, D) in the accumulation dtype."""
+        """Bytes of `rows` entries of a (B, H, N) statistic (m, l, lse, D) in the accumulation
+        dtype."""
         return self.B * self.H * rows * self.acc.itemsize
 
     def grouped(self, x: np.ndarray) -> np.ndarray:
@@ -75,7 +91,15 @@ class Problem:
         return x.reshape(self.B, self.H_kv, self.H // self.H_kv, *x.shape[2:])
 
     def kv_blocks(self, r0: int, r1: int) -> range:
-        return kv_blocks(r0, r1, self.N_q, self.N_k, self.block_n, causal=self.causal, window_size=self.window_size)
+        return kv_blocks(
+            r0,
+            r1,
+            self.N_q,
+            self.N_k,
+            self.block_n,
+            causal=self.causal,
+            window_size=self.window_size,
+        )
 
 
 def _check_slopes(alibi_slopes, H: int, name: str) -> np.ndarray | None:
@@ -83,36 +107,68 @@ def _check_slopes(alibi_slopes, H: int, name: str) -> np.ndarray | None:
         return None
     slopes = np.asarray(alibi_slopes, dtype=np.float64)
     if slopes.shape != (H,) or not np.all(np.isfinite(slopes)):
-        raise ValueError(f"{name}: alibi_slopes must be {H} finite numbers, one per query head (shape ({H},)), "
-                         f"got shape {slopes.shape}")
+        raise ValueError(
+            f"{name}: alibi_slopes must be {H} finite numbers, one per query head (shape ({H},)), "
+            f"got shape {slopes.shape}"
+        )
     return slopes
 
 
-def setup(name, q, k, v, *, causal, softmax_scale, window_size, alibi_slopes, block_m, block_n,
-          sram_bytes=None) -> Problem:
-    """Validate the inputs of `forward` / `backward` and settle block sizes; raises ValueError / TypeError."""
+def setup(
+    name,
+    q,
+    k,
+    v,
+    *,
+    causal,
+    softmax_scale,
+    window_size,
+    alibi_slopes,
+    block_m,
+    block_n,
+    sram_bytes=None,
+) -> Problem:
+    """Validate the inputs of `forward` / `backward` and settle block sizes; raises
+    ValueError / TypeError."""
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name=name, kind="numpy")
     scale = resolve_scale(softmax_scale, d, name=name)
     window = check_window(window_size, name=name)
     slopes = _check_slopes(alibi_slopes, H, name)
     acc = _acc(q.dtype)
-    if sram_bytes is not None and (not isinstance(sram_bytes, (int, np.integer)) or sram_bytes < q.dtype.itemsize):
+    if sram_bytes is not None and (
+        not isinstance(sram_bytes, (int, np.integer)) or sram_bytes < q.dtype.itemsize
+    ):
         raise ValueError(f"{name}: sram_bytes must be a positive int, got {sram_bytes!r}")
     rule_m, rule_n = block_sizes(int(sram_bytes or DEFAULT_SRAM_BYTES), d, q.dtype.itemsize)
     bm = check_block(rule_m if block_m is None else block_m, "block_m", name=name)
     bn = check_block(rule_n if block_n is None else block_n, "block_n", name=name)
     if slopes is not None:
         slopes = slopes.astype(acc).reshape(1, H_kv, H // H_kv, 1, 1)
-    return Problem(B, H, H_kv, N_q, N_k, d, scale, bool(causal), window, slopes, min(bm, N_q), min(bn, N_k),
-                   q.dtype, acc)
+    return Problem(
+        B,
+        H,
+        H_kv,
+        N_q,
+        N_k,
+        d,
+        scale,
+        bool(causal),
+        window,
+        slopes,
+        min(bm, N_q),
+        min(bn, N_k),
+        q.dtype,
+        acc,
+    )
 
 
 def _tile_keep(p: Problem, r0: int, r1: int, c0: int, c1: int) -> np.ndarray | None:
-    """(r1 - r0, c1 - c0) bool, True where query i may see key j; None when the whole tile is visible."""
+    """(r1 - r0, c1 - c0) bool, True where query i may see key j; None when the whole tile is
+    visible."""
     off, left, right = band(p.N_q, p.N_k, causal=p.causal, window_size=p.window_size)
     if (left < 0 or c0 >= r1 - 1 + off - left) and (right < 0 or c1 - 1 <= r0 + off + right):
         return None
-    diag = np.arange(r0, r1)[:, None] + off       # key position aligned with each query row
+    diag = np.arange(r0, r1)[:, None] + off  # key position aligned with each query row
     j = np.arange(c0, c1)[None, :]
     keep = np.ones((r1 - r0, c1 - c0), dtype=bool)
     if left >= 0:
@@ -123,86 +179,134 @@ def _tile_keep(p: Problem, r0: int, r1: int, c0: int, c1: int) -> np.ndarray | N
 
 
 def scores(p: Problem, qs_i, k_j, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
-    """s_ij: scaled scores of one tile, ALiBi bias added, hidden entries -inf. qs_i is q_i * scale."""
-    s_ij = qs_i @ np.swapaxes(k_j, -1, -2)           # (B, H_kv, g, bm, d) @ (B, H_kv, 1, d, bn) -> (.., bm, bn)
+    """s_ij: scaled scores of one tile, ALiBi bias added, hidden entries -inf. qs_i is
+    q_i * scale."""
+    s_ij = qs_i @ np.swapaxes(
+        k_j, -1, -2
+    )  # (B, H_kv, g, bm, d) @ (B, H_kv, 1, d, bn) -> (.., bm, bn)
     if p.slopes is not None:
-        dist = np.abs(np.arange(r0, r1)[:, None] + (p.N_k - p.N_q) - np.arange(c0, c1)[None, :])  # (bm, bn)
+        dist = np.abs(
+            np.arange(r0, r1)[:, None] + (p.N_k - p.N_q) - np.arange(c0, c1)[None, :]
+        )  # (bm, bn)
         s_ij = s_ij - p.slopes * dist.astype(p.acc)
     keep = _tile_keep(p, r0, r1, c0, c1)
     return s_ij if keep is None else np.where(keep, s_ij, -np.inf)
 
 
 def _heads(p: Problem, x: np.ndarray) -> np.ndarray:
-    """A copy of a grouped (B, H_kv, g, rows) statistic as (B, H, rows), for the ledger's step record."""
+    """A copy of a grouped (B, H_kv, g, rows) statistic as (B, H, rows), for the ledger's step
+    record."""
     return x.reshape(p.B, p.H, -1).copy()
 
 
 def _forward_fa2(p: Problem, qs, k, v, ledger):
     """Outer loop over query blocks: q_i, o_i, m_i, l_i stay in SRAM; K_j, V_j stream past."""
-    o = np.empty(qs.shape, dtype=p.dtype)                    # (B, H_kv, g, N_q, d) in HBM
-    lse = np.empty(qs.shape[:-1], dtype=p.acc)               # (B, H_kv, g, N_q) in HBM
+    o = np.empty(qs.shape, dtype=p.dtype)  # (B, H_kv, g, N_q, d) in HBM
+    lse = np.empty(qs.shape[:-1], dtype=p.acc)  # (B, H_kv, g, N_q) in HBM
     cols = _row_blocks(p.N_k, p.block_n)
     for i, (r0, r1) in enumerate(_row_blocks(p.N_q, p.block_m)):
-        qs_i = qs[..., r0:r1, :]                             # (B, H_kv, g, bm, d)
+        qs_i = qs[..., r0:r1, :]  # (B, H_kv, g, bm, d)
         m_i = np.full(qs_i.shape[:-1], -np.inf, dtype=p.acc)  # -inf: nothing seen yet
         l_i = np.zeros(qs_i.shape[:-1], dtype=p.acc)
         o_i = np.zeros(qs_i.shape, dtype=p.acc)
         visible = p.kv_blocks(r0, r1)
         for j, (c0, c1) in enumerate(cols):
-            ledger.step(i=i, j=j, skipped=j not in visible, rows=(r0, r1), cols=(c0, c1),
-                        m=_heads(p, m_i), l=_heads(p, l_i))
+            ledger.step(
+                i=i,
+                j=j,
+                skipped=j not in visible,
+                rows=(r0, r1),
+                cols=(c0, c1),
+                m=_heads(p, m_i),
+                l=_heads(p, l_i),
+            )
             if j not in visible:
                 continue
             if j == visible[0]:
-                ledger.read("Q", p.hbm(r1 - r0))             # HBM: q_i once; it stays in SRAM for the K/V loop
-            ledger.read("K", p.hbm(c1 - c0))                 # HBM: k_j, v_j for every visible tile
+                ledger.read("Q", p.hbm(r1 - r0))  # HBM: q_i once; it stays in SRAM for the K/V loop
+            ledger.read("K", p.hbm(c1 - c0))  # HBM: k_j, v_j for every visible tile
             ledger.read("V", p.hbm(c1 - c0))
             s_ij = scores(p, qs_i, k[..., c0:c1, :], r0, r1, c0, c1)
             m_i, l_i, p_ij, alpha = softmax.online_step(m_i, l_i, s_ij)
-            o_i = alpha[..., None] * o_i + p_ij @ v[..., c0:c1, :]   # rescale: the row max moved; (bm, bn) @ (bn, d)
+            o_i = (
+                alpha[..., None] * o_i + p_ij @ v[..., c0:c1, :]
+            )  # rescale: the row max moved; (bm, bn) @ (bn, d)
         o_i, lse[..., r0:r1] = softmax.finalize(m_i, l_i, o_i)
         o[..., r0:r1, :] = o_i
-        ledger.write("O", p.hbm(r1 - r0))                    # HBM: o_i and lse_i once
+        ledger.write("O", p.hbm(r1 - r0))  # HBM: o_i and lse_i once
         ledger.write("lse", p.stat(r1 - r0))
     return o, lse
 
 
 def _forward_fa1(p: Problem, qs, k, v, ledger):
-    """Outer loop over K/V blocks: k_j, v_j stay in SRAM; O, m, l make a round trip to HBM per tile."""
-    o = np.zeros(qs.shape, dtype=p.dtype)                    # Alg. 1 line 2: O = 0, l = 0, m = -inf in HBM
+    """Outer loop over K/V blocks: k_j, v_j stay in SRAM; O, m, l make a round trip to HBM per
+    tile."""
+    o = np.zeros(qs.shape, dtype=p.dtype)  # Alg. 1 line 2: O = 0, l = 0, m = -inf in HBM
     m = np.full(qs.shape[:-1], -np.inf, dtype=p.acc)
     l = np.zeros(qs.shape[:-1], dtype=p.acc)
-    ledger.write("O", p.hbm(p.N_q)); ledger.write("m", p.stat(p.N_q)); ledger.write("l", p.stat(p.N_q))
+    ledger.write("O", p.hbm(p.N_q))
+    ledger.write("m", p.stat(p.N_q))
+    ledger.write("l", p.stat(p.N_q))
     rows = _row_blocks(p.N_q, p.block_m)
     visible = [p.kv_blocks(r0, r1) for r0, r1 in rows]
     for j, (c0, c1) in enumerate(_row_blocks(p.N_k, p.block_n)):
         loaded = False
         for i, (r0, r1) in enumerate(rows):
             m_i, l_i = m[..., r0:r1], l[..., r0:r1]
-            ledger.step(i=i, j=j, skipped=j not in visible[i], rows=(r0, r1), cols=(c0, c1),
-                        m=_heads(p, m_i), l=_heads(p, l_i))
+            ledger.step(
+                i=i,
+                j=j,
+                skipped=j not in visible[i],
+                rows=(r0, r1),
+                cols=(c0, c1),
+                m=_heads(p, m_i),
+                l=_heads(p, l_i),
+            )
             if j not in visible[i]:
                 continue
             if not loaded:
-                ledger.read("K", p.hbm(c1 - c0)); ledger.read("V", p.hbm(c1 - c0))   # HBM: k_j, v_j once
+                ledger.read("K", p.hbm(c1 - c0))
+                ledger.read("V", p.hbm(c1 - c0))  # HBM: k_j, v_j once
                 loaded = True
-            for t, n in (("Q", p.hbm(r1 - r0)), ("O", p.hbm(r1 - r0)), ("m", p.stat(r1 - r0)), ("l", p.stat(r1 - r0))):
-                ledger.read(t, n)                            # HBM: q_i and the running o_i, m_i, l_i
+            for t, n in (
+                ("Q", p.hbm(r1 - r0)),
+                ("O", p.hbm(r1 - r0)),
+                ("m", p.stat(r1 - r0)),
+                ("l", p.stat(r1 - r0)),
+            ):
+                ledger.read(t, n)  # HBM: q_i and the running o_i, m_i, l_i
             s_ij = scores(p, qs[..., r0:r1, :], k[..., c0:c1, :], r0, r1, c0, c1)
             m_new, l_new, p_ij, alpha = softmax.online_step(m_i, l_i, s_ij)
-            o_i = (alpha * l_i)[..., None] * o[..., r0:r1, :] + p_ij @ v[..., c0:c1, :]  # un-normalise, rescale, add
-            o[..., r0:r1, :] = o_i / np.where(l_new > 0, l_new, 1)[..., None]           # Alg. 1 keeps O normalised
+            o_i = (alpha * l_i)[..., None] * o[..., r0:r1, :] + p_ij @ v[
+                ..., c0:c1, :
+            ]  # un-normalise, rescale, add
+            o[..., r0:r1, :] = (
+                o_i / np.where(l_new > 0, l_new, 1)[..., None]
+            )  # Alg. 1 keeps O normalised
             m[..., r0:r1], l[..., r0:r1] = m_new, l_new
             for t, n in (("O", p.hbm(r1 - r0)), ("m", p.stat(r1 - r0)), ("l", p.stat(r1 - r0))):
-                ledger.write(t, n)                           # HBM: o_i, m_i, l_i back
-    ledger.read("m", p.stat(p.N_q)); ledger.read("l", p.stat(p.N_q))
-    ledger.write("lse", p.stat(p.N_q))                       # HBM: a last pass turns m, l into lse
+                ledger.write(t, n)  # HBM: o_i, m_i, l_i back
+    ledger.read("m", p.stat(p.N_q))
+    ledger.read("l", p.stat(p.N_q))
+    ledger.write("lse", p.stat(p.N_q))  # HBM: a last pass turns m, l into lse
     return o, softmax.lse_of(m, l)
 
 
-def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, softmax_scale: float | None = None,
-            window_size=None, alibi_slopes=None, block_m: int | None = None, block_n: int | None = None,
-            sram_bytes: int | None = None, order: str = "fa2", ledger=NULL_LEDGER):
+def forward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size=None,
+    alibi_slopes=None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    sram_bytes: int | None = None,
+    order: str = "fa2",
+    ledger=NULL_LEDGER,
+):
     """Exact attention by tiles.
 
     Args:
@@ -210,27 +314,42 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False
         causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned).
         softmax_scale: default 1 / sqrt(d).
         window_size: optional (left, right), -1 for an unbounded side (see `masks.visible`).
-        alibi_slopes: optional (H,) slopes; bias -slope * |i + N_k - N_q - j| added to the scaled scores.
-        block_m, block_n: tile sizes B_r, B_c (clipped to N_q, N_k). Each one not given comes from the
-            paper's rule `traffic.block_sizes(sram_bytes, d, itemsize)`.
-        sram_bytes: SRAM size M in bytes for the rule (default `traffic.DEFAULT_SRAM_BYTES`, 100 KiB).
-            When both block sizes are given too, their tiles must fit it (else `traffic.SramCapacityError`).
+        alibi_slopes: optional (H,) slopes; bias -slope * |i + N_k - N_q - j| added to the scaled
+            scores.
+        block_m, block_n: tile sizes B_r, B_c (clipped to N_q, N_k). Each one not given comes from
+            the paper's rule `traffic.block_sizes(sram_bytes, d, itemsize)`.
+        sram_bytes: SRAM size M in bytes for the rule (default `traffic.DEFAULT_SRAM_BYTES`,
+            100 KiB). When both block sizes are given too, their tiles must fit it (else
+            `traffic.SramCapacityError`).
         order: "fa2" (outer loop over query blocks) or "fa1" (outer loop over K/V blocks).
-        ledger: a `traffic.Ledger`; receives every HBM transfer, one `step` per tile (skipped ones too,
-            with skipped=True), and `fit` of the tile set.
+        ledger: a `traffic.Ledger`; receives every HBM transfer, one `step` per tile (skipped ones
+            too, with skipped=True), and `fit` of the tile set.
     Returns:
         o (B, H, N_q, d) in q's dtype (0 on fully masked rows), lse (B, H, N_q) float32 (float64 for
         float64 input; -inf on fully masked rows).
     """
-    p = setup("tiled.forward", q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-              alibi_slopes=alibi_slopes, block_m=block_m, block_n=block_n, sram_bytes=sram_bytes)
+    p = setup(
+        "tiled.forward",
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_size=window_size,
+        alibi_slopes=alibi_slopes,
+        block_m=block_m,
+        block_n=block_n,
+        sram_bytes=sram_bytes,
+    )
     _check_order(order)
-    tiles = tile_bytes(p.block_m, p.block_n, p.d, itemsize=p.dtype.itemsize, acc_itemsize=p.acc.itemsize)
+    tiles = tile_bytes(
+        p.block_m, p.block_n, p.d, itemsize=p.dtype.itemsize, acc_itemsize=p.acc.itemsize
+    )
     if sram_bytes is not None and block_m is not None and block_n is not None:
         Ledger(sram_bytes=int(sram_bytes)).fit(**tiles)
     ledger.fit(**tiles)
-    qs = p.grouped(q.astype(p.acc) * p.acc.type(p.scale))          # scale folded into q once
-    k = k.astype(p.acc, copy=False)[:, :, None]                     # (B, H_kv, 1, N_k, d)
+    qs = p.grouped(q.astype(p.acc) * p.acc.type(p.scale))  # scale folded into q once
+    k = k.astype(p.acc, copy=False)[:, :, None]  # (B, H_kv, 1, N_k, d)
     v = v.astype(p.acc, copy=False)[:, :, None]
     o, lse = (_forward_fa2 if order == "fa2" else _forward_fa1)(p, qs, k, v, ledger)
     return o.reshape(p.B, p.H, p.N_q, p.d), lse.reshape(p.B, p.H, p.N_q)
@@ -245,4 +364,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["forward", "backward", "setup", "scores", "Problem"]
+# `backward` is served by the module __getattr__ above.
+__all__ = ["forward", "backward", "setup", "scores", "Problem"]  # noqa: F822

@@ -1,18 +1,22 @@
 """Interactive views of HBM/SRAM traffic: thin ipywidgets front-ends over `flashedu.viz`.
 
-* `traffic_explorer(**initial)`: sliders for N, d, dtype, block sizes, SRAM size, GPU preset and algorithm;
-  shows bytes read and written per tensor, the SRAM tiles, the standard/flash ratio and the roofline bound.
+* `traffic_explorer(**initial)`: sliders for N, d, dtype, block sizes, SRAM size, GPU preset and
+  algorithm; shows bytes read and written per tensor, the SRAM tiles, the standard/flash ratio and
+  the roofline bound.
 * `roofline_plot(gpu="H200", ...)`: standard and flash attention placed on a preset's roofline.
-* `tile_stepper(N_q=..., N_k=..., ...)`: play/step through the ledger that `tiled.forward` fills: which
-  Q and K/V blocks sit in SRAM, which S tile is computed or skipped, the running m and l, bytes so far.
+* `tile_stepper(N_q=..., N_k=..., ...)`: play/step through the ledger that `tiled.forward` fills:
+  which Q and K/V blocks sit in SRAM, which S tile is computed or skipped, the running m and l,
+  bytes so far.
 
-Every number shown comes from a pure function in `flashedu.viz` (which reads `flashedu.traffic`), and each
-widget keeps its last result in `.state` (or `.frames`) and its last figure in `.figure`, so tests move the
-controls and check the numbers without a browser. Figures are PNG images (no ipympl needed); nothing here
-runs in JavaScript beyond what ipywidgets ships.
+Every number shown comes from a pure function in `flashedu.viz` (which reads `flashedu.traffic`),
+and each widget keeps its last result in `.state` (or `.frames`) and its last figure in `.figure`,
+so tests move the controls and check the numbers without a browser. Figures are PNG images
+(no ipympl needed); nothing here runs in JavaScript beyond what ipywidgets ships.
 
-Introduced in notebooks/00_memory_hierarchy.ipynb; the tile stepper in notebooks/03_tiled_forward.ipynb.
+Introduced in notebooks/00_memory_hierarchy.ipynb; the tile stepper in
+notebooks/03_tiled_forward.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,31 +28,52 @@ from . import traffic, viz
 from .nb import fmt_bytes
 
 _WIDE = {"description_width": "110px"}
-_N_OPTIONS = [(f"{2 ** k:,}", 2 ** k) for k in range(7, 18)]
-_ALGORITHMS = [("standard", "naive"), ("FA1 order", "fa1"), ("FA2 order", "fa2"), ("backward", "backward")]
+_N_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(7, 18)]
+_ALGORITHMS = [
+    ("standard", "naive"),
+    ("FA1 order", "fa1"),
+    ("FA2 order", "fa2"),
+    ("backward", "backward"),
+]
 _BLOCKS = [("auto (paper rule)", 0)] + [(str(b), b) for b in (16, 32, 64, 128, 256)]
 
 
 def _row(*cells, tag="td") -> str:
-    return "<tr>" + "".join(f"<{tag} style='padding:0 10px;line-height:1.35;text-align:"
-                            f"{'left' if i == 0 else 'right'}'>{c}</{tag}>" for i, c in enumerate(cells)) + "</tr>"
+    return (
+        "<tr>"
+        + "".join(
+            f"<{tag} style='padding:0 10px;line-height:1.35;text-align:"
+            f"{'left' if i == 0 else 'right'}'>{c}</{tag}>"
+            for i, c in enumerate(cells)
+        )
+        + "</tr>"
+    )
 
 
 def explorer_html(state: dict) -> str:
-    """The explorer's headline: total HBM bytes, the standard/flash ratio and the roofline verdict."""
+    """The explorer's headline: total HBM bytes, the standard/flash ratio and the roofline
+    verdict."""
     t, r, g = state["traffic"], state["roofline"], traffic.GPUS[state["gpu"]]
-    why = ("bytes set the time: each byte brings too little arithmetic to keep the tensor cores busy"
-           if r.bound == "memory" else "arithmetic sets the time: each byte fetched feeds enough FLOPs")
-    return (f"<div class='fe-explorer' style='line-height:1.5'><div style='font-size:1.15em'>HBM traffic: "
-            f"<b class='fe-total' data-bytes='{t.total_bytes}'>{t.total_bytes:,} bytes</b> ({fmt_bytes(t.total_bytes)})"
-            f" &nbsp;·&nbsp; standard / flash = <b class='fe-ratio'>{state['ratio']:.1f}x</b></div>"
-            f"<div>Roofline on {g.name}: <b class='fe-bound'>{r.bound}-bound</b>, at least "
-            f"<b class='fe-time'>{viz.fmt_time(r.time)}</b>. Intensity {r.intensity:.1f} FLOP/byte "
-            f"{'below' if r.bound == 'memory' else 'above'} the ridge {r.ridge:.0f}: {why}.</div></div>")
+    why = (
+        "bytes set the time: each byte brings too little arithmetic to keep the tensor cores busy"
+        if r.bound == "memory"
+        else "arithmetic sets the time: each byte fetched feeds enough FLOPs"
+    )
+    return (
+        "<div class='fe-explorer' style='line-height:1.5'>"
+        "<div style='font-size:1.15em'>HBM traffic: "
+        f"<b class='fe-total' data-bytes='{t.total_bytes}'>{t.total_bytes:,} bytes</b> "
+        f"({fmt_bytes(t.total_bytes)})"
+        f" &nbsp;·&nbsp; standard / flash = <b class='fe-ratio'>{state['ratio']:.1f}x</b></div>"
+        f"<div>Roofline on {g.name}: <b class='fe-bound'>{r.bound}-bound</b>, at least "
+        f"<b class='fe-time'>{viz.fmt_time(r.time)}</b>. Intensity {r.intensity:.1f} FLOP/byte "
+        f"{'below' if r.bound == 'memory' else 'above'} the ridge {r.ridge:.0f}: {why}.</div></div>"
+    )
 
 
 def explorer_details_html(state: dict) -> str:
-    """The explorer's detail: bytes per tensor and direction, and the tiles one thread block keeps in SRAM."""
+    """The explorer's detail: bytes per tensor and direction, and the tiles one thread block keeps
+    in SRAM."""
     t = state["traffic"]
     names = sorted(set(t.reads) | set(t.writes), key=traffic._order)
     rows = [_row("tensor", "read: HBM → SRAM", "written: SRAM → HBM", tag="th")]
@@ -60,36 +85,82 @@ def explorer_details_html(state: dict) -> str:
         if state["fits"]:
             verdict = "fits"
         elif state["auto_blocks"]:
-            verdict = (f"{used / state['sram_bytes'] - 1:.0%} over: the paper's rule sizes tiles to the order of the "
-                       "SRAM, not under it; a real kernel would pick the next smaller power of two")
+            verdict = (
+                f"{used / state['sram_bytes'] - 1:.0%} over: "
+                "the paper's rule sizes tiles to the order of the "
+                "SRAM, not under it; a real kernel would pick the next smaller power of two"
+            )
         else:
             verdict = "<b style='color:#c44e52'>does NOT fit: smaller blocks needed</b>"
-        sram = (f"<b>SRAM, one thread block</b> (block_m={state['block_m']}, block_n={state['block_n']}): "
-                + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tiles.items())
-                + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}")
+        sram = (
+            "<b>SRAM, one thread block</b> "
+            f"(block_m={state['block_m']}, block_n={state['block_n']}): "
+            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tiles.items())
+            + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}"
+        )
     else:
-        sram = "<b>SRAM</b>: standard attention streams rows through it; S and P go back to HBM in full."
-    return (f"<div style='line-height:1.35'><table class='fe-table'>{''.join(rows)}</table>"
-            f"<div style='margin-top:4px'>{sram}</div></div>")
+        sram = (
+            "<b>SRAM</b>: standard attention streams rows through it; "
+            "S and P go back to HBM in full."
+        )
+    return (
+        f"<div style='line-height:1.35'><table class='fe-table'>{''.join(rows)}</table>"
+        f"<div style='margin-top:4px'>{sram}</div></div>"
+    )
 
 
 class TrafficExplorer(W.VBox):
-    """See `traffic_explorer`. `.controls` (name -> widget), `.state`, `.figure` follow the controls."""
+    """See `traffic_explorer`. `.controls` (name -> widget), `.state`, `.figure` follow the
+    controls."""
 
-    def __init__(self, *, N=4096, d=64, dtype="float16", gpu="H200", algorithm="fa2", block_m=None, block_n=None,
-                 sram_kib=None, causal=False, B=1, H=1):
+    def __init__(
+        self,
+        *,
+        N=4096,
+        d=64,
+        dtype="float16",
+        gpu="H200",
+        algorithm="fa2",
+        block_m=None,
+        block_n=None,
+        sram_kib=None,
+        causal=False,
+        B=1,
+        H=1,
+    ):
         self._bh = (B, H)
         sram_kib = sram_kib or traffic.GPUS[gpu].smem_per_block // 1024
-        c = {"N": W.SelectionSlider(options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE,
-                                    layout=W.Layout(width="330px")),
-             "d": W.Dropdown(options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE),
-             "dtype": W.Dropdown(options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE),
-             "gpu": W.Dropdown(options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE),
-             "sram_kib": W.IntSlider(min=16, max=256, value=int(sram_kib), description="SRAM (KiB)", style=_WIDE),
-             "block_m": W.Dropdown(options=_BLOCKS, value=block_m or 0, description="block_m (B_r)", style=_WIDE),
-             "block_n": W.Dropdown(options=_BLOCKS, value=block_n or 0, description="block_n (B_c)", style=_WIDE),
-             "causal": W.Checkbox(value=causal, description="causal", style=_WIDE),
-             "algorithm": W.ToggleButtons(options=_ALGORITHMS, value=algorithm, style={"button_width": "100px"})}
+        c = {
+            "N": W.SelectionSlider(
+                options=_N_OPTIONS,
+                value=N,
+                description="N (tokens)",
+                style=_WIDE,
+                layout=W.Layout(width="330px"),
+            ),
+            "d": W.Dropdown(
+                options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE
+            ),
+            "dtype": W.Dropdown(
+                options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE
+            ),
+            "gpu": W.Dropdown(
+                options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE
+            ),
+            "sram_kib": W.IntSlider(
+                min=16, max=256, value=int(sram_kib), description="SRAM (KiB)", style=_WIDE
+            ),
+            "block_m": W.Dropdown(
+                options=_BLOCKS, value=block_m or 0, description="block_m (B_r)", style=_WIDE
+            ),
+            "block_n": W.Dropdown(
+                options=_BLOCKS, value=block_n or 0, description="block_n (B_c)", style=_WIDE
+            ),
+            "causal": W.Checkbox(value=causal, description="causal", style=_WIDE),
+            "algorithm": W.ToggleButtons(
+                options=_ALGORITHMS, value=algorithm, style={"button_width": "100px"}
+            ),
+        }
         self.controls = c
         self.html, self.details = W.HTML(), W.HTML()
         self.image = W.Image(format="png", layout=W.Layout(max_width="840px"))
@@ -119,22 +190,43 @@ class TrafficExplorer(W.VBox):
 
 
 def traffic_explorer(**initial) -> TrafficExplorer:
-    """Explore HBM traffic of standard and flash attention (initial values: see `viz.explorer_state`)."""
+    """Explore HBM traffic of standard and flash attention (initial values: see
+    `viz.explorer_state`)."""
     return TrafficExplorer(**initial)
 
 
 class RooflinePlot(W.VBox):
-    """See `roofline_plot`. `.controls`, `.points` (name -> traffic.Roofline) and `.figure` follow the controls."""
+    """See `roofline_plot`. `.controls`, `.points` (name -> traffic.Roofline) and `.figure` follow
+    the controls."""
 
     def __init__(self, *, gpu="H200", N=4096, d=64, dtype="float16", causal=False):
-        c = {"gpu": W.Dropdown(options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE),
-             "N": W.SelectionSlider(options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE),
-             "d": W.Dropdown(options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE),
-             "dtype": W.Dropdown(options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE),
-             "causal": W.Checkbox(value=causal, description="causal", style=_WIDE)}
-        self.controls, self.html, self.image = c, W.HTML(), W.Image(format="png", layout=W.Layout(max_width="640px"))
-        super().__init__([W.HBox([W.VBox([c["gpu"], c["N"]]), W.VBox([c["d"], c["dtype"], c["causal"]])]),
-                          self.image, self.html])
+        c = {
+            "gpu": W.Dropdown(
+                options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE
+            ),
+            "N": W.SelectionSlider(
+                options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE
+            ),
+            "d": W.Dropdown(
+                options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE
+            ),
+            "dtype": W.Dropdown(
+                options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE
+            ),
+            "causal": W.Checkbox(value=causal, description="causal", style=_WIDE),
+        }
+        self.controls, self.html, self.image = (
+            c,
+            W.HTML(),
+            W.Image(format="png", layout=W.Layout(max_width="640px")),
+        )
+        super().__init__(
+            [
+                W.HBox([W.VBox([c["gpu"], c["N"]]), W.VBox([c["d"], c["dtype"], c["causal"]])]),
+                self.image,
+                self.html,
+            ]
+        )
         for w in c.values():
             w.observe(self._update, names="value")
         self._update()
@@ -144,11 +236,14 @@ class RooflinePlot(W.VBox):
         self.points = viz.roofline_points(**p)
         self.figure = viz.draw_roofline(p["gpu"], self.points)
         self.image.value = viz.png(self.figure)
-        self.html.value = "<br>".join(f"<b>{name}</b>: {viz.describe(r)}" for name, r in self.points.items())
+        self.html.value = "<br>".join(
+            f"<b>{name}</b>: {viz.describe(r)}" for name, r in self.points.items()
+        )
 
 
 def roofline_plot(gpu: str = "H200", **initial) -> RooflinePlot:
-    """Standard and flash attention forward on the roofline of a GPU preset (N, d, dtype, causal adjustable)."""
+    """Standard and flash attention forward on the roofline of a GPU preset (N, d, dtype, causal
+    adjustable)."""
     return RooflinePlot(gpu=gpu, **initial)
 
 
@@ -160,54 +255,92 @@ def _stats(x, digits=3, most=4) -> str:
         return "-inf" if v == -math.inf else f"{v:.{digits}f}"
 
     if a.size and np.all(a == a[0]):
-        return f"{fmt(a[0])} in all {a.size} rows" + (" (no key seen yet)" if a[0] == -math.inf else "")
+        return f"{fmt(a[0])} in all {a.size} rows" + (
+            " (no key seen yet)" if a[0] == -math.inf else ""
+        )
     return "[" + ", ".join(fmt(v) for v in a[:most]) + (", ...]" if a.size > most else "]")
 
 
 def stepper_html(frame: dict, frames: list[dict], order: str = "fa2") -> str:
-    """The stepper's text for one frame: the tile, what sits in SRAM, what moved, m and l, bytes so far."""
+    """The stepper's text for one frame: the tile, what sits in SRAM, what moved, m and l, bytes so
+    far."""
     (r0, r1), (c0, c1) = frame["rows"], frame["cols"]
     last = frames[-1]
     if frame.get("skipped"):
-        stays = f"q_i = Q[{r0}:{r1}] stays" if order == "fa2" else f"k_j, v_j = K, V[{c0}:{c1}] stay"
-        sram = (f"{stays}; the tile is skipped, nothing is loaded: the mask hides every key of K[{c0}:{c1}] "
-                f"from every query of Q[{r0}:{r1}]")
+        stays = (
+            f"q_i = Q[{r0}:{r1}] stays" if order == "fa2" else f"k_j, v_j = K, V[{c0}:{c1}] stay"
+        )
+        sram = (
+            f"{stays}; the tile is skipped, nothing is loaded: "
+            f"the mask hides every key of K[{c0}:{c1}] from every query of Q[{r0}:{r1}]"
+        )
     else:
-        sram = f"q_i = Q[{r0}:{r1}], k_j = K[{c0}:{c1}], v_j = V[{c0}:{c1}], and the tile s_ij = q_i k_jᵀ"
-    moved = ", ".join(f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n in frame["moved"]) or "none"
+        sram = (
+            f"q_i = Q[{r0}:{r1}], k_j = K[{c0}:{c1}], v_j = V[{c0}:{c1}], "
+            "and the tile s_ij = q_i k_jᵀ"
+        )
+    moved = (
+        ", ".join(
+            f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n in frame["moved"]
+        )
+        or "none"
+    )
     total = frame["read_bytes"] + frame["write_bytes"]
-    return (f"<div class='fe-stepper' style='line-height:1.45'><b>step {frame['step'] + 1} of {len(frames)}</b>: "
-            f"S tile ({frame['i']}, {frame['j']})<br>in SRAM: {sram}<br>HBM transfers this step: {moved}<br>"
-            f"running max m (rows {r0}..{r1 - 1}) as the tile starts: {_stats(frame['m'])}<br>"
-            f"running sum l: {_stats(frame['l'])}<br>HBM bytes so far: <b class='fe-step-total' "
-            f"data-bytes='{total}'>{total:,}</b> (read {frame['read_bytes']:,}, written "
-            f"{frame['write_bytes']:,}) of {last['read_bytes'] + last['write_bytes']:,} for the whole pass</div>")
+    return (
+        "<div class='fe-stepper' style='line-height:1.45'>"
+        f"<b>step {frame['step'] + 1} of {len(frames)}</b>: "
+        f"S tile ({frame['i']}, {frame['j']})<br>in SRAM: {sram}<br>"
+        f"HBM transfers this step: {moved}<br>"
+        f"running max m (rows {r0}..{r1 - 1}) as the tile starts: {_stats(frame['m'])}<br>"
+        f"running sum l: {_stats(frame['l'])}<br>HBM bytes so far: <b class='fe-step-total' "
+        f"data-bytes='{total}'>{total:,}</b> (read {frame['read_bytes']:,}, written "
+        f"{frame['write_bytes']:,}) of {last['read_bytes'] + last['write_bytes']:,} "
+        "for the whole pass</div>"
+    )
 
 
 class TileStepper(W.VBox):
-    """See `tile_stepper`. `.frames` (from `viz.stepper_frames`), `.ledger`, `.slider` and `.figure`."""
+    """See `tile_stepper`. `.frames` (from `viz.stepper_frames`), `.ledger`, `.slider` and
+    `.figure`."""
 
-    def __init__(self, *, N_q=40, N_k=40, d=16, block_m=8, block_n=8, causal=False, order="fa2", seed=0):
+    def __init__(
+        self, *, N_q=40, N_k=40, d=16, block_m=8, block_n=8, causal=False, order="fa2", seed=0
+    ):
         from . import testing, tiled
 
         if math.ceil(N_q / block_m) * math.ceil(N_k / block_n) > 400:
-            raise ValueError(f"tile_stepper: {N_q}x{N_k} in {block_m}x{block_n} blocks is more than 400 tiles to "
-                             "step through; use smaller N_q, N_k or larger blocks")
+            raise ValueError(
+                f"tile_stepper: {N_q}x{N_k} in {block_m}x{block_n} blocks "
+                "is more than 400 tiles to step through; use smaller N_q, N_k or larger blocks"
+            )
         q, k, v = testing.random_qkv(1, 1, N_q, N_k, d, "float32", seed=seed)
         self.ledger = traffic.Ledger()
-        tiled.forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, order=order, ledger=self.ledger)
+        tiled.forward(
+            q,
+            k,
+            v,
+            causal=causal,
+            block_m=block_m,
+            block_n=block_n,
+            order=order,
+            ledger=self.ledger,
+        )
         self.frames = viz.stepper_frames(self.ledger)
         self._geometry, self.order = (N_q, N_k, block_m, block_n), order
         n = len(self.frames)
         self.play = W.Play(min=0, max=n - 1, interval=800, description="play")
         self.slider = W.IntSlider(min=0, max=n - 1, description="step", readout=False)
         W.jslink((self.play, "value"), (self.slider, "value"))
-        back, fwd = W.Button(description="◀ step", layout=W.Layout(width="80px")), \
-            W.Button(description="step ▶", layout=W.Layout(width="80px"))
+        back, fwd = (
+            W.Button(description="◀ step", layout=W.Layout(width="80px")),
+            W.Button(description="step ▶", layout=W.Layout(width="80px")),
+        )
         back.on_click(lambda _: self._move(-1))
         fwd.on_click(lambda _: self._move(+1))
         self.html, self.image = W.HTML(), W.Image(format="png", layout=W.Layout(max_width="420px"))
-        super().__init__([W.HBox([self.play, back, fwd, self.slider]), W.HBox([self.image, self.html])])
+        super().__init__(
+            [W.HBox([self.play, back, fwd, self.slider]), W.HBox([self.image, self.html])]
+        )
         self.slider.observe(self._update, names="value")
         self._update()
 
@@ -221,8 +354,25 @@ class TileStepper(W.VBox):
         self.html.value = stepper_html(frame, self.frames, self.order)
 
 
-def tile_stepper(N_q: int = 40, N_k: int = 40, d: int = 16, block_m: int = 8, block_n: int = 8, causal: bool = False,
-                 order: str = "fa2", seed: int = 0) -> TileStepper:
-    """Replay `tiled.forward` tile by tile on random (1, 1, N, d) inputs, from its real traffic ledger."""
-    return TileStepper(N_q=N_q, N_k=N_k, d=d, block_m=block_m, block_n=block_n, causal=causal, order=order,
-                       seed=seed)
+def tile_stepper(
+    N_q: int = 40,
+    N_k: int = 40,
+    d: int = 16,
+    block_m: int = 8,
+    block_n: int = 8,
+    causal: bool = False,
+    order: str = "fa2",
+    seed: int = 0,
+) -> TileStepper:
+    """Replay `tiled.forward` tile by tile on random (1, 1, N, d) inputs, from its real traffic
+    ledger."""
+    return TileStepper(
+        N_q=N_q,
+        N_k=N_k,
+        d=d,
+        block_m=block_m,
+        block_n=block_n,
+        causal=causal,
+        order=order,
+        seed=seed,
+    )

@@ -1,4 +1,5 @@
 """Shared fixtures: fresh seeded inputs for every test case, and the implementation registry."""
+
 from __future__ import annotations
 
 import os
@@ -8,13 +9,13 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+from flashedu import IMPLEMENTATIONS
+from flashedu.testing import random_qkv
+
 # CI replays the same examples every run (derandomised); local runs keep exploring new ones.
 settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-from flashedu import IMPLEMENTATIONS
-from flashedu.testing import random_qkv
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
-"""flashedu.attention and the SDPA drop-in: parity with torch.nn.functional.scaled_dot_product_attention
-(forward and gradients) and with the float64 reference, and every documented refusal."""
+"""flashedu.attention and the SDPA drop-in: parity with
+torch.nn.functional.scaled_dot_product_attention (forward and gradients) and with the float64
+reference, and every documented refusal."""
+
 from __future__ import annotations
 
 import copy
@@ -22,7 +24,8 @@ def _leaves(rng, *shapes, dtype=torch.float64):
 
 
 def _both(rng, shapes, *args, dtype=torch.float64, **kwargs):
-    """Outputs and input gradients of PyTorch's SDPA and flashedu's on the same inputs and the same dO."""
+    """Outputs and input gradients of PyTorch's SDPA and flashedu's on the same inputs and the same
+    dO."""
     results = []
     for sdpa in (F.scaled_dot_product_attention, flashedu.scaled_dot_product_attention):
         rng_copy = copy.deepcopy(rng)
@@ -47,9 +50,12 @@ def test_signature_is_pytorchs():
         ("query", inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD"),
         ("key", inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD"),
         ("value", inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD"),
-        ("attn_mask", None, "POSITIONAL_OR_KEYWORD"), ("dropout_p", 0.0, "POSITIONAL_OR_KEYWORD"),
-        ("is_causal", False, "POSITIONAL_OR_KEYWORD"), ("scale", None, "KEYWORD_ONLY"),
-        ("enable_gqa", False, "KEYWORD_ONLY")]
+        ("attn_mask", None, "POSITIONAL_OR_KEYWORD"),
+        ("dropout_p", 0.0, "POSITIONAL_OR_KEYWORD"),
+        ("is_causal", False, "POSITIONAL_OR_KEYWORD"),
+        ("scale", None, "KEYWORD_ONLY"),
+        ("enable_gqa", False, "KEYWORD_ONLY"),
+    ]
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -60,17 +66,30 @@ def test_sdpa_matches_pytorch_including_top_left_causal(L, S, is_causal, rng):
 
 @pytest.mark.parametrize("scale", [0.05, 1.0, 3.0])
 def test_sdpa_scale_matches_pytorch(scale, rng):
-    _assert_same(_both(rng, [(1, 2, 6, 8), (1, 2, 11, 8), (1, 2, 11, 8)], is_causal=True, scale=scale))
+    _assert_same(
+        _both(rng, [(1, 2, 6, 8), (1, 2, 11, 8), (1, 2, 11, 8)], is_causal=True, scale=scale)
+    )
 
 
 @pytest.mark.parametrize("H,H_kv", [(4, 2), (6, 1), (3, 3)])
 def test_sdpa_enable_gqa_matches_pytorch(H, H_kv, rng):
-    _assert_same(_both(rng, [(2, H, 9, 8), (2, H_kv, 5, 8), (2, H_kv, 5, 8)], is_causal=True, enable_gqa=True))
+    _assert_same(
+        _both(
+            rng, [(2, H, 9, 8), (2, H_kv, 5, 8), (2, H_kv, 5, 8)], is_causal=True, enable_gqa=True
+        )
+    )
 
 
-@pytest.mark.parametrize("shapes", [[(9, 8), (5, 8), (5, 8)], [(3, 7, 8), (3, 4, 8), (3, 4, 8)],
-                                    [(3, 2, 4, 6, 8), (1, 2, 4, 5, 8), (1, 2, 4, 5, 8)],
-                                    [(2, 4, 6, 8), (2, 1, 5, 8), (2, 1, 5, 8)]], ids=str)
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(9, 8), (5, 8), (5, 8)],
+        [(3, 7, 8), (3, 4, 8), (3, 4, 8)],
+        [(3, 2, 4, 6, 8), (1, 2, 4, 5, 8), (1, 2, 4, 5, 8)],
+        [(2, 4, 6, 8), (2, 1, 5, 8), (2, 1, 5, 8)],
+    ],
+    ids=str,
+)
 def test_sdpa_batch_dims_and_broadcasting_match_pytorch(shapes, rng):
     _assert_same(_both(rng, shapes))
 
@@ -82,7 +101,8 @@ def test_sdpa_causal_bias_objects_match_pytorch(variant, L, S, rng):
 
 
 def test_causal_lower_right_with_more_queries_than_keys_gives_zero_rows(rng):
-    """PyTorch warns this case may produce NaN; flashedu's answer is the reference's: zero rows, zero gradients."""
+    """PyTorch warns this case may produce NaN; flashedu's answer is the reference's: zero rows,
+    zero gradients."""
     q, k, v = _leaves(rng, (1, 2, 9, 8), (1, 2, 4, 8), (1, 2, 4, 8))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -95,17 +115,26 @@ def test_causal_lower_right_with_more_queries_than_keys_gives_zero_rows(rng):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_sdpa_low_precision_error_is_at_most_twice_pytorchs(dtype, rng):
-    """flash-attn's rule: against the float64 reference, no worse than 2x PyTorch's own same-precision error."""
-    (o_t, _), (o_f, _) = _both(rng, [(2, 2, 33, 16), (2, 2, 47, 16), (2, 2, 47, 16)], is_causal=True, dtype=dtype)
-    q, k, v = _leaves(copy.deepcopy(rng), (2, 2, 33, 16), (2, 2, 47, 16), (2, 2, 47, 16), dtype=dtype)
-    o_ref = reference.forward(q, k, v, attn_mask=np.tril(np.ones((33, 47), dtype=bool)))[0]   # top-left causal
+    """flash-attn's rule: against the float64 reference, no worse than 2x PyTorch's own
+    same-precision error."""
+    (o_t, _), (o_f, _) = _both(
+        rng, [(2, 2, 33, 16), (2, 2, 47, 16), (2, 2, 47, 16)], is_causal=True, dtype=dtype
+    )
+    q, k, v = _leaves(
+        copy.deepcopy(rng), (2, 2, 33, 16), (2, 2, 47, 16), (2, 2, 47, 16), dtype=dtype
+    )
+    o_ref = reference.forward(q, k, v, attn_mask=np.tril(np.ones((33, 47), dtype=bool)))[
+        0
+    ]  # top-left causal
     err_t, err_f = (np.abs(o.detach().double().numpy() - o_ref).max() for o in (o_t, o_f))
     print(f"{dtype}: max error PyTorch {err_t:.1e}, flashedu {err_f:.1e}")
     assert o_f.dtype == dtype and err_f <= 2 * err_t + 1e-6
 
 
 def test_attention_matches_reference_and_picks_torch_tiled_on_cpu(make_qkv):
-    q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 17, 29, 16, "float32", H_kv=2, kind="torch"))
+    q, k, v = (
+        t.requires_grad_() for t in make_qkv(1, 4, 17, 29, 16, "float32", H_kv=2, kind="torch")
+    )
     assert api._auto_impl(q) == "torch_tiled"
     o = flashedu.attention(q, k, v, causal=True, softmax_scale=0.3)
     assert_close(o, reference.forward(q, k, v, causal=True, softmax_scale=0.3)[0], "float32")
@@ -154,7 +183,7 @@ def test_sdpa_errors_where_pytorch_errors(rng):
         with pytest.raises(ValueError, match="CausalBias should not be used with"):
             sdpa(q, k, v, causal_upper_left(5, 6), is_causal=True, enable_gqa=True)
         with pytest.raises(TypeError):
-            sdpa(q, k, v, None, 0.0, False, 0.5)                   # scale is keyword-only in both
+            sdpa(q, k, v, None, 0.0, False, 0.5)  # scale is keyword-only in both
     with pytest.raises(ValueError, match=r"causal bias for \(L, S\) = \(5, 7\)"):
         flashedu.scaled_dot_product_attention(q, k, v, causal_lower_right(5, 7), enable_gqa=True)
     with pytest.raises(TypeError, match="query must be a torch.Tensor"):

@@ -1,4 +1,6 @@
-"""flashedu.autograd: gradcheck in float64, float32 against the reference, what autograd saves, and errors."""
+"""flashedu.autograd: gradcheck in float64, float32 against the reference, what autograd saves, and
+errors."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,20 +18,27 @@ def _leaf(*tensors):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("B,H,H_kv,N_q,N_k,d", [(1, 2, 2, 5, 7, 4), (1, 2, 2, 7, 3, 4), (2, 4, 2, 6, 6, 3),
-                                                (1, 3, 1, 1, 5, 4)], ids=str)
+@pytest.mark.parametrize(
+    "B,H,H_kv,N_q,N_k,d",
+    [(1, 2, 2, 5, 7, 4), (1, 2, 2, 7, 3, 4), (2, 4, 2, 6, 6, 3), (1, 3, 1, 1, 5, 4)],
+    ids=str,
+)
 def test_gradcheck_torch_tiled_float64(B, H, H_kv, N_q, N_k, d, causal, make_qkv):
     q, k, v = _leaf(*make_qkv(B, H, N_q, N_k, d, "float64", H_kv=H_kv, kind="torch"))
 
     def f(q, k, v):
-        return autograd.flash_attention(q, k, v, causal=causal, softmax_scale=0.7, block_m=2, block_n=3)
+        return autograd.flash_attention(
+            q, k, v, causal=causal, softmax_scale=0.7, block_m=2, block_n=3
+        )
 
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("impl", ["torch_tiled", "naive"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("B,H,H_kv,N_q,N_k,d", [(2, 2, 2, 17, 33, 16), (1, 4, 2, 65, 17, 32)], ids=str)
+@pytest.mark.parametrize(
+    "B,H,H_kv,N_q,N_k,d", [(2, 2, 2, 17, 33, 16), (1, 4, 2, 65, 17, 32)], ids=str
+)
 def test_float32_gradients_match_reference(impl, B, H, H_kv, N_q, N_k, d, causal, make_qkv):
     q, k, v = _leaf(*make_qkv(B, H, N_q, N_k, d, "float32", H_kv=H_kv, kind="torch"))
     o, lse = autograd.flash_attention(q, k, v, causal=causal, impl=impl, return_lse=True)
@@ -39,13 +48,17 @@ def test_float32_gradients_match_reference(impl, B, H, H_kv, N_q, N_k, d, causal
     assert not lse.requires_grad
     do = torch.randn_like(o)
     o.backward(do)
-    for name, t, g_ref in zip(("dq", "dk", "dv"), (q, k, v), reference.backward(do, q, k, v, causal=causal)):
+    for name, t, g_ref in zip(
+        ("dq", "dk", "dv"), (q, k, v), reference.backward(do, q, k, v, causal=causal)
+    ):
         assert t.grad.dtype == torch.float32
         assert_close(t.grad, g_ref, "float32", grad=True, name=name)
 
 
 def test_fully_masked_rows_get_zero_gradients_not_nan(make_qkv):
-    q, k, v = _leaf(*make_qkv(1, 2, 9, 4, 8, "float32", kind="torch"))    # causal: rows 0..4 see no key
+    q, k, v = _leaf(
+        *make_qkv(1, 2, 9, 4, 8, "float32", kind="torch")
+    )  # causal: rows 0..4 see no key
     o = autograd.flash_attention(q, k, v, causal=True, block_m=4, block_n=2)
     o.sum().backward()
     assert torch.all(o[:, :, :5] == 0)
@@ -56,13 +69,19 @@ def test_fully_masked_rows_get_zero_gradients_not_nan(make_qkv):
 def test_forward_saves_only_q_k_v_o_lse(make_qkv):
     q, k, v = _leaf(*make_qkv(1, 2, 96, 80, 8, "float32", kind="torch"))
     saved = autograd.saved_tensor_bytes(autograd.flash_attention, q, k, v, causal=True)
-    assert [s for s, _ in saved.shapes] == [(1, 2, 96, 8), (1, 2, 80, 8), (1, 2, 80, 8), (1, 2, 96, 8), (1, 2, 96)]
+    assert [s for s, _ in saved.shapes] == [
+        (1, 2, 96, 8),
+        (1, 2, 80, 8),
+        (1, 2, 80, 8),
+        (1, 2, 96, 8),
+        (1, 2, 96),
+    ]
     assert saved.nbytes == 4 * (2 * 96 * 8 + 2 * 2 * 80 * 8 + 2 * 96 * 8 + 2 * 96)
 
 
 def test_saved_bytes_grow_linearly_for_flash_and_quadratically_for_plain_attention(make_qkv):
     def plain(q, k, v):
-        return torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1) @ v
+        return torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, dim=-1) @ v
 
     flash, naive = [], []
     for N in (64, 128, 256):
@@ -70,7 +89,7 @@ def test_saved_bytes_grow_linearly_for_flash_and_quadratically_for_plain_attenti
         flash.append(autograd.saved_tensor_bytes(autograd.flash_attention, q, k, v).nbytes)
         naive.append(autograd.saved_tensor_bytes(plain, q, k, v).nbytes)
     assert flash[1] == 2 * flash[0] and flash[2] == 2 * flash[1]
-    assert naive[2] - 3 * 256 * 8 * 4 == 256 * 256 * 4                     # q, k, v plus P, kept once
+    assert naive[2] - 3 * 256 * 8 * 4 == 256 * 256 * 4  # q, k, v plus P, kept once
     assert naive[2] / flash[2] > 4
 
 
@@ -97,7 +116,9 @@ def test_errors_name_the_argument(make_qkv, monkeypatch):
         autograd.flash_attention(q, k, v, window_size=(2, 0))
     with pytest.raises(NotImplementedError, match="does not support alibi_slopes"):
         autograd.flash_attention(q, k, v, impl="naive", alibi_slopes=torch.ones(2))
-    assert autograd.flash_attention(q, k, v, window_size=None).shape == q.shape   # None means "not asked for"
+    assert (
+        autograd.flash_attention(q, k, v, window_size=None).shape == q.shape
+    )  # None means "not asked for"
     no_gqa = dataclasses.replace(IMPLEMENTATIONS["torch_tiled"], features=frozenset())
     monkeypatch.setitem(IMPLEMENTATIONS, "torch_tiled", no_gqa)
     with pytest.raises(NotImplementedError, match="H=2 and H_kv=1"):
@@ -105,7 +126,9 @@ def test_errors_name_the_argument(make_qkv, monkeypatch):
 
 
 def test_a_missing_module_is_an_import_error_only_when_asked_for(make_qkv, monkeypatch):
-    ghost = dataclasses.replace(IMPLEMENTATIONS["torch_tiled"], name="ghost", module_name="flashedu._no_such_module")
+    ghost = dataclasses.replace(
+        IMPLEMENTATIONS["torch_tiled"], name="ghost", module_name="flashedu._no_such_module"
+    )
     monkeypatch.setitem(IMPLEMENTATIONS, "ghost", ghost)
     q, k, v = make_qkv(1, 1, 3, 3, 4, "float32", kind="torch")
     assert autograd.flash_attention(q, k, v).shape == q.shape

@@ -1,7 +1,10 @@
-"""The benchmark: it checks before it times, refuses what fails, and writes JSON the notebook can read.
+"""The benchmark: it checks before it times, refuses what fails, and writes JSON the notebook can
+read.
 
-No test asserts a time: only that times were measured and that every figure derived from one is consistent.
+No test asserts a time: only that times were measured and that every figure derived from one is
+consistent.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,6 +29,7 @@ def _quiet(*_):
 
 def _buggy(name, fn):
     """A Backend whose forward is `fn(o)` of naive's output: a planted bug."""
+
     def fwd(q, k, v, causal):
         o, lse = naive.forward(q, k, v, causal=causal)
         return fn(o), lse
@@ -35,7 +39,9 @@ def _buggy(name, fn):
 
 def test_quick_sweep_checks_times_and_writes_json(tmp_path):
     out = tmp_path / "r.json"
-    rc = cli.bench_main(["--quick", "--cpu", "--bwd", "--out", str(out), "--impls", ",".join(bench.CPU_IMPLS)])
+    rc = cli.bench_main(
+        ["--quick", "--cpu", "--bwd", "--out", str(out), "--impls", ",".join(bench.CPU_IMPLS)]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     meta = data["meta"]
@@ -46,27 +52,38 @@ def test_quick_sweep_checks_times_and_writes_json(tmp_path):
     assert {r["impl"] for r in data["correctness"]} == set(bench.CPU_IMPLS)
     assert all(r["ok"] for r in data["correctness"])
     assert {(r["impl"], r["N"], r["pass"]) for r in data["timing"]} == {
-        (i, n, p) for i in bench.CPU_IMPLS for n in bench.QUICK["N"] for p in ("fwd", "fwd_bwd")}
+        (i, n, p) for i in bench.CPU_IMPLS for n in bench.QUICK["N"] for p in ("fwd", "fwd_bwd")
+    }
     for r in data["timing"]:
         assert r["ms"] >= r["ms_min"] > 0
-        flops = attention_flops(r["B"], r["H"], r["N"], r["N"], r["d"], causal=r["causal"], pass_=r["pass"])
+        flops = attention_flops(
+            r["B"], r["H"], r["N"], r["N"], r["d"], causal=r["causal"], pass_=r["pass"]
+        )
         assert r["tflops"] == pytest.approx(flops / (r["ms"] / 1e3) / 1e12)
-        assert (r["peak_bytes"] is not None) == (IMPLEMENTATIONS.get(r["impl"], bench.SDPA).kind == "numpy")
+        assert (r["peak_bytes"] is not None) == (
+            IMPLEMENTATIONS.get(r["impl"], bench.SDPA).kind == "numpy"
+        )
         assert r["ratio"] == pytest.approx(1.0) if r["impl"] == "naive" else r["ratio"] > 0
 
 
 def test_naive_memory_grows_as_n_squared_and_tiled_does_not(tmp_path):
-    res = bench.run_cpu(impls=["naive", "tiled"], N=[256, 1024], B=1, H=1, d=64, repeats=1, log=_quiet)
+    res = bench.run_cpu(
+        impls=["naive", "tiled"], N=[256, 1024], B=1, H=1, d=64, repeats=1, log=_quiet
+    )
     peak = {(r["impl"], r["N"]): r["peak_bytes"] for r in res["timing"]}
-    assert peak["naive", 1024] > 10 * peak["naive", 256]          # x16 in N^2, less the O(N d) part
-    assert peak["naive", 1024] >= 2 * 1024 * 1024 * 4            # at least S and P in float32
+    assert peak["naive", 1024] > 10 * peak["naive", 256]  # x16 in N^2, less the O(N d) part
+    assert peak["naive", 1024] >= 2 * 1024 * 1024 * 4  # at least S and P in float32
     assert peak["tiled", 1024] < peak["naive", 1024] / 4
 
 
-@pytest.mark.parametrize("bug, fn", [("scaled output", lambda o: o * 1.01), ("NaN", lambda o: o * np.nan)])
+@pytest.mark.parametrize(
+    "bug, fn", [("scaled output", lambda o: o * 1.01), ("NaN", lambda o: o * np.nan)]
+)
 def test_a_wrong_implementation_is_refused_not_timed(bug, fn):
     lines = []
-    res = bench.run_cpu(impls=["naive", _buggy("buggy", fn)], N=[64], B=1, H=1, d=16, repeats=1, log=lines.append)
+    res = bench.run_cpu(
+        impls=["naive", _buggy("buggy", fn)], N=[64], B=1, H=1, d=16, repeats=1, log=lines.append
+    )
     assert res["refused"] == ["buggy"]
     assert {r["impl"] for r in res["timing"]} == {"naive"}
     assert any("buggy" in line and "refused, not timed" in line for line in lines)
@@ -77,9 +94,16 @@ def test_a_crash_is_a_failed_check_with_its_message():
     def boom(q, k, v, causal):
         raise RuntimeError("kernel exploded")
 
-    rows = bench.check(bench.Backend("boom", "numpy", boom, boom), d=16, dtype="float32", passes=["fwd"],
-                       rng=np.random.default_rng(0))
-    assert rows and all(not r["ok"] and "RuntimeError: kernel exploded" in r["detail"] for r in rows)
+    rows = bench.check(
+        bench.Backend("boom", "numpy", boom, boom),
+        d=16,
+        dtype="float32",
+        passes=["fwd"],
+        rng=np.random.default_rng(0),
+    )
+    assert rows and all(
+        not r["ok"] and "RuntimeError: kernel exploded" in r["detail"] for r in rows
+    )
 
 
 def test_fully_masked_rows_are_part_of_the_check():
@@ -90,13 +114,20 @@ def test_fully_masked_rows_are_part_of_the_check():
         o[np.all(o == 0, axis=-1)] = np.nan
         return o
 
-    rows = bench.check(_buggy("nan_rows", nan_rows), d=16, dtype="float32", passes=["fwd"],
-                       rng=np.random.default_rng(1))
+    rows = bench.check(
+        _buggy("nan_rows", nan_rows),
+        d=16,
+        dtype="float32",
+        passes=["fwd"],
+        rng=np.random.default_rng(1),
+    )
     assert [r["ok"] for r in rows] == [not (c and nq > nk) for _, _, nq, nk, c in bench.CHECK_CASES]
 
 
 def test_unknown_and_unimportable_implementations_are_reported(monkeypatch):
-    ghost = Implementation("ghost", "flashedu.no_such_module", "numpy", ("float32",), frozenset(), "99", "")
+    ghost = Implementation(
+        "ghost", "flashedu.no_such_module", "numpy", ("float32",), frozenset(), "99", ""
+    )
     monkeypatch.setitem(IMPLEMENTATIONS, "ghost", ghost)
     found, unavailable = bench.backends(["naive", "ghost", "nonsense"])
     assert [b.name for b in found] == ["naive"]
@@ -105,14 +136,17 @@ def test_unknown_and_unimportable_implementations_are_reported(monkeypatch):
 
 def test_memory_budget_skips_and_says_why():
     naive_b = bench.backends(["naive"])[0]
-    timing, skipped = bench.sweep(naive_b, N=[512], B=1, H=1, d=16, causal=False, passes=["fwd"], max_bytes=1000)
+    timing, skipped = bench.sweep(
+        naive_b, N=[512], B=1, H=1, d=16, causal=False, passes=["fwd"], max_bytes=1000
+    )
     assert timing == [] and skipped[0]["impl"] == "naive" and "budget" in skipped[0]["reason"]
 
 
 def test_tflops_and_memory_model_closed_forms():
     assert bench.tflops(1, 1, 1000, 100, 1.0) == pytest.approx(4 * 1000**2 * 100 / 1e-3 / 1e12)
     assert bench.tflops(2, 3, 1000, 64, 2.0, causal=True, pass_="fwd_bwd") == pytest.approx(
-        3.5 * 0.5 * 4 * 6 * 1000**2 * 64 / 2e-3 / 1e12)
+        3.5 * 0.5 * 4 * 6 * 1000**2 * 64 / 2e-3 / 1e12
+    )
     B, H, N, d = 1, 16, 131072, 128
     assert bench.memory_model("naive", B, H, N, d) == 2 * (4 * B * H * N * d + 2 * B * H * N * N)
     assert bench.memory_model("flash", B, H, N, d) == 2 * 4 * B * H * N * d + 4 * B * H * N
@@ -121,13 +155,35 @@ def test_tflops_and_memory_model_closed_forms():
 
 
 def test_ratios_compare_rows_of_the_same_case_only():
-    rows = [{"impl": i, "N": n, "d": 64, "causal": False, "pass": "fwd", "dtype": "float32", "ms": ms, "tflops": 1.0}
-            for i, n, ms in [("a", 1, 2.0), ("b", 1, 1.0), ("a", 2, 8.0), ("b", 2, 2.0), ("b", 3, 5.0)]]
+    rows = [
+        {
+            "impl": i,
+            "N": n,
+            "d": 64,
+            "causal": False,
+            "pass": "fwd",
+            "dtype": "float32",
+            "ms": ms,
+            "tflops": 1.0,
+        }
+        for i, n, ms in [("a", 1, 2.0), ("b", 1, 1.0), ("a", 2, 8.0), ("b", 2, 2.0), ("b", 3, 5.0)]
+    ]
     bench.add_ratios(rows, "a")
     assert [r["ratio"] for r in rows] == [1.0, 0.5, 1.0, 0.25, None]
     text = bench.table(rows, "a")
-    assert text.splitlines()[0].split() == ["impl", "N", "causal", "pass", "ms", "TFLOP/s", "peak", "MiB", "time",
-                                            "/", "a"]
+    assert text.splitlines()[0].split() == [
+        "impl",
+        "N",
+        "causal",
+        "pass",
+        "ms",
+        "TFLOP/s",
+        "peak",
+        "MiB",
+        "time",
+        "/",
+        "a",
+    ]
     assert text.splitlines()[-1].split()[-1] == "-"
 
 
@@ -139,7 +195,9 @@ def test_progress_bar_counts_to_the_total():
     text = buf.getvalue()
     assert text.count("\n") == 1 and text.endswith("\n")
     frames = text.split("\r")[1:]
-    assert frames[0].startswith("[##------] 1/4 step 0") and frames[-1].startswith("[########] 4/4 step 3")
+    assert frames[0].startswith("[##------] 1/4 step 0") and frames[-1].startswith(
+        "[########] 4/4 step 3"
+    )
 
 
 @pytest.mark.parametrize("refused, rc", [([], 0), (["sdpa-cudnn"], 0), (["flashedu-triton"], 1)])
@@ -148,8 +206,20 @@ def test_gpu_path_calls_bench_gpu(refused, rc, tmp_path, monkeypatch, capsys):
 
     def run(quick=False, out=None):
         calls.append((quick, out))
-        return {"meta": {}, "timing": [], "refused": [{"impl": i, "dtype": "bfloat16", "d": 64, "causal": False,
-                                                       "detail": "unavailable: no kernel"} for i in refused]}
+        return {
+            "meta": {},
+            "timing": [],
+            "refused": [
+                {
+                    "impl": i,
+                    "dtype": "bfloat16",
+                    "d": 64,
+                    "causal": False,
+                    "detail": "unavailable: no kernel",
+                }
+                for i in refused
+            ],
+        }
 
     fake = types.SimpleNamespace(run=run)
     monkeypatch.setitem(sys.modules, "flashedu.bench_gpu", fake)
@@ -160,7 +230,10 @@ def test_gpu_path_calls_bench_gpu(refused, rc, tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert all(f"refused {i} bfloat16 d=64" in printed for i in refused)
     assert f"wrote {tmp_path / 'h200_attention.json'}" in printed
-    assert cli._gpu_out(None, "NVIDIA H100 80GB HBM3") == bench.RESULTS / "h100_80gb_hbm3_attention.json"
+    assert (
+        cli._gpu_out(None, "NVIDIA H100 80GB HBM3")
+        == bench.RESULTS / "h100_80gb_hbm3_attention.json"
+    )
 
 
 def test_load_results_reads_every_json(tmp_path):
@@ -171,10 +244,26 @@ def test_load_results_reads_every_json(tmp_path):
 
 def test_command_line_entry_points(tmp_path):
     out = tmp_path / "cli.json"
-    cmd = [sys.executable, "-m", "flashedu.bench", "--cpu", "--impls", "naive", "--N", "64", "--d", "16",
-           "--repeats", "1", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashedu.bench",
+        "--cpu",
+        "--impls",
+        "naive",
+        "--N",
+        "64",
+        "--d",
+        "16",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["timing"][0]["N"] == 64
-    usage = subprocess.run([sys.executable, "-m", "flashedu", "nope"], capture_output=True, text=True, timeout=60)
+    usage = subprocess.run(
+        [sys.executable, "-m", "flashedu", "nope"], capture_output=True, text=True, timeout=60
+    )
     assert usage.returncode == 2 and "bench" in usage.stderr

@@ -1,4 +1,6 @@
-"""The chapter 00 graders: the reference solutions pass, and each planted bug fails with its name."""
+"""The chapter 00 graders: the reference solutions pass, and each planted bug fails with its
+name."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,22 +12,26 @@ from flashedu.testing import run_grader
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reference_solutions_pass(seed):
-    for grader, solution in [(checks.check_matmul_intensity, ch00.matmul_intensity),
-                             (checks.check_naive_attention_time, ch00.naive_attention_time)]:
+    for grader, solution in [
+        (checks.check_matmul_intensity, ch00.matmul_intensity),
+        (checks.check_naive_attention_time, ch00.naive_attention_time),
+    ]:
         report, text = run_grader(grader, solution, seed)
         assert report.passed, text
         assert "all cases pass" in text
 
 
 def test_matmul_intensity_matches_the_closed_form():
-    assert ch00.matmul_intensity(4096, 4096, 4096, 2) == pytest.approx(2 * 4096 / 6)   # 2 n / (3 itemsize)
+    assert ch00.matmul_intensity(4096, 4096, 4096, 2) == pytest.approx(
+        2 * 4096 / 6
+    )  # 2 n / (3 itemsize)
     assert ch00.matmul_intensity(1, 1, 1, 4) == pytest.approx(2 / 12)
 
 
 def test_naive_attention_time_uses_the_traffic_model():
     gpu = traffic.GPUS["H200"]
     t, bound = ch00.naive_attention_time(4096, 64, gpu)
-    nbytes = 4 * 4096 * 4096 * 2 + 4 * 4096 * 64 * 2 + 4096 * 4   # S, P twice each; Q, K, V, O; lse
+    nbytes = 4 * 4096 * 4096 * 2 + 4 * 4096 * 64 * 2 + 4096 * 4  # S, P twice each; Q, K, V, O; lse
     assert t == pytest.approx(nbytes / gpu.hbm_bandwidth)
     assert bound == "memory"
 
@@ -62,7 +68,8 @@ def _naive_parts(N, d, e):
 
 def _roof(nbytes, flops, gpu):
     return max(nbytes / gpu.hbm_bandwidth, flops / gpu.dense_flops), (
-        "memory" if nbytes / gpu.hbm_bandwidth >= flops / gpu.dense_flops else "compute")
+        "memory" if nbytes / gpu.hbm_bandwidth >= flops / gpu.dense_flops else "compute"
+    )
 
 
 def _no_sp(N, d, g, e):
@@ -113,6 +120,9 @@ def test_naive_time_bugs_are_named(bug):
 
 def test_graders_are_exported_and_show_their_solution(capsys):
     assert checks.GRADERS["check_matmul_intensity"] is checks.check_matmul_intensity
-    assert checks.check_naive_attention_time.solution_name == "flashedu.checks.ch00.naive_attention_time"
+    assert (
+        checks.check_naive_attention_time.solution_name
+        == "flashedu.checks.ch00.naive_attention_time"
+    )
     checks.solution(checks.check_matmul_intensity)
     assert "def matmul_intensity" in capsys.readouterr().out

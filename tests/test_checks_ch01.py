@@ -1,4 +1,5 @@
 """Chapter 01 graders: the solution passes, each planted bug fails with a line that names it."""
+
 import numpy as np
 import pytest
 
@@ -23,20 +24,25 @@ def _quiet(*a, **k):
 
 
 def test_naive_attention_accepts_the_solution():
-    assert checks.naive_attention(lambda q, k, v, causal=False: naive.forward(q, k, v, causal=causal)[0],
-                                  seed=0, out=_quiet).passed
+    assert checks.naive_attention(
+        lambda q, k, v, causal=False: naive.forward(q, k, v, causal=causal)[0], seed=0, out=_quiet
+    ).passed
     assert checks.naive_attention(_attention, seed=1, out=_quiet).passed
 
 
-@pytest.mark.parametrize("bug,kw,words", [
-    ("no 1/sqrt(d)", {"scale": False}, "1/sqrt(d)"),
-    ("top-left causal", {"offset": False}, "causal offset"),
-    ("no max subtraction", {"safe": False}, "subtract the row max"),
-    ("softmax over queries", {"axis": -2}, "last axis"),
-])
+@pytest.mark.parametrize(
+    "bug,kw,words",
+    [
+        ("no 1/sqrt(d)", {"scale": False}, "1/sqrt(d)"),
+        ("top-left causal", {"offset": False}, "causal offset"),
+        ("no max subtraction", {"safe": False}, "subtract the row max"),
+        ("softmax over queries", {"axis": -2}, "last axis"),
+    ],
+)
 def test_naive_attention_names_each_planted_bug(bug, kw, words):
-    report = checks.naive_attention(lambda q, k, v, causal=False: _attention(q, k, v, causal, **kw),
-                                    seed=2, out=_quiet)
+    report = checks.naive_attention(
+        lambda q, k, v, causal=False: _attention(q, k, v, causal, **kw), seed=2, out=_quiet
+    )
     assert not report.passed, bug
     assert words in report.text, report.text
 
@@ -48,7 +54,11 @@ def test_stub_reports_not_attempted():
         raise NotImplementedError
 
     report = checks.naive_attention(stub, out=lines.append)
-    assert not report.attempted and "not attempted yet" in lines[0] and "flashedu.naive.forward" in lines[0]
+    assert (
+        not report.attempted
+        and "not attempted yet" in lines[0]
+        and "flashedu.naive.forward" in lines[0]
+    )
 
 
 def _bytes(B, H, N, d, e, *, sp_twice=True, per_head=True):

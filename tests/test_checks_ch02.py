@@ -1,4 +1,5 @@
 """Chapter 02 graders: the solutions pass, each planted bug fails with a line that names it."""
+
 import numpy as np
 import pytest
 
@@ -33,12 +34,15 @@ def test_online_softmax_accepts_the_solutions():
     assert checks.online_softmax(_online, seed=1, out=_quiet).passed
 
 
-@pytest.mark.parametrize("kw,words", [
-    ({"rescale": False}, "rescale l by exp(m - m')"),
-    ({"m0": 0.0}, "start the running max at -inf, not 0"),
-    ({"shift": False}, "exp(1e4) overflows"),
-    ({"guard": False}, "a row with no finite entry must give zeros"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"rescale": False}, "rescale l by exp(m - m')"),
+        ({"m0": 0.0}, "start the running max at -inf, not 0"),
+        ({"shift": False}, "exp(1e4) overflows"),
+        ({"guard": False}, "a row with no finite entry must give zeros"),
+    ],
+)
 def test_online_softmax_names_each_planted_bug(kw, words):
     report = checks.online_softmax(lambda x: _online(x, **kw), seed=2, out=_quiet)
     assert not report.passed, kw
@@ -61,11 +65,14 @@ def test_merge_states_accepts_the_solutions():
     assert checks.merge_states(_merge, seed=1, out=_quiet).passed
 
 
-@pytest.mark.parametrize("kw,words", [
-    ({"rescale_o": False}, "rescale BOTH l and o"),
-    ({"guard": False}, "guard exp(-inf - (-inf)) = NaN"),
-    ({"shift": False}, "exp(m_a) alone overflows"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"rescale_o": False}, "rescale BOTH l and o"),
+        ({"guard": False}, "guard exp(-inf - (-inf)) = NaN"),
+        ({"shift": False}, "exp(m_a) alone overflows"),
+    ],
+)
 def test_merge_states_names_each_planted_bug(kw, words):
     report = checks.merge_states(lambda a, b: _merge(a, b, **kw), seed=3, out=_quiet)
     assert not report.passed, kw
@@ -76,11 +83,15 @@ def test_stubs_report_not_attempted():
     def stub(*args):
         raise NotImplementedError("Exercise 2.1")
 
-    for g, ref in ((checks.online_softmax, "flashedu.softmax.online_softmax"),
-                   (checks.merge_states, "flashedu.softmax.merge")):
+    for g, ref in (
+        (checks.online_softmax, "flashedu.softmax.online_softmax"),
+        (checks.merge_states, "flashedu.softmax.merge"),
+    ):
         lines = []
         report = g(stub, out=lines.append)
-        assert not report.attempted and lines == [f"{g.__name__}: not attempted yet (reference: {ref})"]
+        assert not report.attempted and lines == [
+            f"{g.__name__}: not attempted yet (reference: {ref})"
+        ]
 
 
 def test_graders_draw_fresh_inputs_unless_seeded():

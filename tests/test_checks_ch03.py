@@ -1,4 +1,5 @@
 """Chapter 03 graders: the solutions pass, each planted bug fails with a line that names it."""
+
 import numpy as np
 import pytest
 
@@ -9,8 +10,20 @@ def _quiet(*a, **k):
     pass
 
 
-def _tiled(q, k, v, *, causal=False, block_m, block_n, rescale=True, ragged=True, offset=True, guard=True,
-           lse_max=True):
+def _tiled(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    block_m,
+    block_n,
+    rescale=True,
+    ragged=True,
+    offset=True,
+    guard=True,
+    lse_max=True,
+):
     """A one-head FA2-order loop with switches that plant the classic mistakes."""
     N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
     o, lse = np.zeros((N_q, d)), np.zeros(N_q)
@@ -33,13 +46,16 @@ def _tiled(q, k, v, *, causal=False, block_m, block_n, rescale=True, ragged=True
                 acc = (alpha[:, None] if rescale else 1.0) * acc + p @ v[cols]
                 m = m_new
             o[rows] = acc / (np.where(l > 0, l, 1.0)[:, None] if guard else l[:, None])
-            lse[rows] = np.where(l > 0, (np.where(np.isneginf(m), 0, m) if lse_max else 0) + np.log(l), -np.inf)
+            lse[rows] = np.where(
+                l > 0, (np.where(np.isneginf(m), 0, m) if lse_max else 0) + np.log(l), -np.inf
+            )
     return o, lse
 
 
 def _package(q, k, v, *, causal=False, block_m, block_n):
-    o, lse = tiled.forward(q[None, None], k[None, None], v[None, None], causal=causal, block_m=block_m,
-                           block_n=block_n)
+    o, lse = tiled.forward(
+        q[None, None], k[None, None], v[None, None], causal=causal, block_m=block_m, block_n=block_n
+    )
     return o[0, 0], lse[0, 0]
 
 
@@ -48,13 +64,16 @@ def test_tiled_attention_accepts_the_solutions():
     assert checks.tiled_attention(_tiled, seed=1, out=_quiet).passed
 
 
-@pytest.mark.parametrize("kw,words", [
-    ({"rescale": False}, "rescale the accumulator o_i"),
-    ({"ragged": False}, "the last block is shorter"),
-    ({"offset": False}, "causal offset"),
-    ({"guard": False}, "rows that see no key must give o = 0"),
-    ({"lse_max": False}, "lse = m + log(l)"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"rescale": False}, "rescale the accumulator o_i"),
+        ({"ragged": False}, "the last block is shorter"),
+        ({"offset": False}, "causal offset"),
+        ({"guard": False}, "rows that see no key must give o = 0"),
+        ({"lse_max": False}, "lse = m + log(l)"),
+    ],
+)
 def test_tiled_attention_names_each_planted_bug(kw, words):
     report = checks.tiled_attention(lambda *a, **k: _tiled(*a, **k, **kw), seed=2, out=_quiet)
     assert not report.passed, kw
@@ -69,8 +88,11 @@ def _bytes(N_q, N_k, d, bm, bn, e, *, reread=True, ceil=True, lse=True):
 
 def test_fa2_hbm_bytes_grades_solution_and_bugs():
     assert checks.fa2_hbm_bytes(_bytes, seed=0, out=_quiet).passed
-    for kw, words in (({"reread": False}, "read again for every query block"), ({"ceil": False}, "ceil(N_q / block_m)"),
-                      ({"lse": False}, "4 bytes of lse per row")):
+    for kw, words in (
+        ({"reread": False}, "read again for every query block"),
+        ({"ceil": False}, "ceil(N_q / block_m)"),
+        ({"lse": False}, "4 bytes of lse per row"),
+    ):
         report = checks.fa2_hbm_bytes(lambda *a: _bytes(*a, **kw), seed=1, out=_quiet)
         assert not report.passed and words in report.text, (kw, report.text)
 

@@ -1,4 +1,5 @@
 """Chapter 04 graders: the solutions pass, each planted bug fails with a line that names it."""
+
 import numpy as np
 import pytest
 
@@ -17,18 +18,36 @@ def test_softmax_backward_accepts_the_solution():
     assert checks.softmax_backward(_softmax_bwd, seed=0, out=_quiet).passed
 
 
-@pytest.mark.parametrize("kw,words", [
-    ({"subtract": False}, "subtract D_i"),
-    ({"axis": 0}, "not over the columns"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"subtract": False}, "subtract D_i"),
+        ({"axis": 0}, "not over the columns"),
+    ],
+)
 def test_softmax_backward_names_each_planted_bug(kw, words):
     report = checks.softmax_backward(lambda p, dp: _softmax_bwd(p, dp, **kw), seed=1, out=_quiet)
     assert not report.passed, kw
     assert words in report.text, report.text
 
 
-def _backward(do, q, k, v, o, lse, *, causal=False, block_m, block_n, by_lse=True, scale=True, offset=True,
-              guard=True, delta=True):
+def _backward(
+    do,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    *,
+    causal=False,
+    block_m,
+    block_n,
+    by_lse=True,
+    scale=True,
+    offset=True,
+    guard=True,
+    delta=True,
+):
     """A one-head FA2 backward with switches that plant the classic mistakes."""
     N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
     tau = 1 / np.sqrt(d)
@@ -57,8 +76,17 @@ def _backward(do, q, k, v, o, lse, *, causal=False, block_m, block_n, by_lse=Tru
 
 
 def _package(do, q, k, v, o, lse, *, causal=False, block_m, block_n):
-    grads = tiled.backward(do[None, None], q[None, None], k[None, None], v[None, None], o[None, None],
-                           lse[None, None], causal=causal, block_m=block_m, block_n=block_n)
+    grads = tiled.backward(
+        do[None, None],
+        q[None, None],
+        k[None, None],
+        v[None, None],
+        o[None, None],
+        lse[None, None],
+        causal=causal,
+        block_m=block_m,
+        block_n=block_n,
+    )
     return tuple(g[0, 0] for g in grads)
 
 
@@ -67,15 +95,20 @@ def test_tiled_attention_backward_accepts_the_solutions():
     assert checks.tiled_attention_backward(_backward, seed=1, out=_quiet).passed
 
 
-@pytest.mark.parametrize("kw,words", [
-    ({"by_lse": False}, "the saved lse already normalises it"),
-    ({"scale": False}, "carry the softmax scale"),
-    ({"offset": False}, "bottom-right aligned"),
-    ({"guard": False}, "its P must be 0"),
-    ({"delta": False}, "D = rowsum(dO * O)"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"by_lse": False}, "the saved lse already normalises it"),
+        ({"scale": False}, "carry the softmax scale"),
+        ({"offset": False}, "bottom-right aligned"),
+        ({"guard": False}, "its P must be 0"),
+        ({"delta": False}, "D = rowsum(dO * O)"),
+    ],
+)
 def test_tiled_attention_backward_names_each_planted_bug(kw, words):
-    report = checks.tiled_attention_backward(lambda *a, **k: _backward(*a, **k, **kw), seed=2, out=_quiet)
+    report = checks.tiled_attention_backward(
+        lambda *a, **k: _backward(*a, **k, **kw), seed=2, out=_quiet
+    )
     assert not report.passed, kw
     assert words in report.text, report.text
 

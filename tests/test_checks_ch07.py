@@ -1,19 +1,22 @@
-"""Chapter 07 graders: the solutions pass, a stub is "not attempted", each planted bug fails with its name.
+"""Chapter 07 graders: the solutions pass, a stub is "not attempted", each planted bug fails with
+its name.
 
 The planted bugs are Triton kernels; on CPU they run through the interpreter."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
+import triton.language as tl  # noqa: E402
 
 from flashedu import checks, triton_backward, triton_intro
 from flashedu.testing import run_grader
 
-import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
-import triton.language as tl  # noqa: E402
-
-pytestmark = [pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]
 
 
 @triton.jit
@@ -39,20 +42,26 @@ def _my_preprocess(bug=""):
         rows = max(N // 16, 1) if bug == "grid floor" else triton.cdiv(N, 16)
         _rowdot[(rows, B * H)](o.contiguous(), do.contiguous(), delta, N, D=d, BUG=bug, BLOCK=16)
         return delta
+
     return fn
 
 
-@pytest.mark.parametrize("fn", [triton_backward.preprocess, _my_preprocess()], ids=["package", "bug-free test kernel"])
+@pytest.mark.parametrize(
+    "fn", [triton_backward.preprocess, _my_preprocess()], ids=["package", "bug-free test kernel"]
+)
 def test_bwd_preprocess_accepts_the_solution(fn):
     report, text = run_grader(checks.bwd_preprocess, fn)
     assert report.passed, text
 
 
-@pytest.mark.parametrize("bug,words", [
-    ("fp16 sum", "convert o and do to float32"),
-    ("grid floor", "cdiv(N, BLOCK)"),
-    ("no head offset", "program_id(1)"),
-])
+@pytest.mark.parametrize(
+    "bug,words",
+    [
+        ("fp16 sum", "convert o and do to float32"),
+        ("grid floor", "cdiv(N, BLOCK)"),
+        ("no head offset", "program_id(1)"),
+    ],
+)
 def test_bwd_preprocess_names_each_planted_bug(bug, words):
     report, text = run_grader(checks.bwd_preprocess, _my_preprocess(bug), seed=5)
     assert not report.passed, bug
@@ -60,12 +69,28 @@ def test_bwd_preprocess_names_each_planted_bug(bug, words):
 
 
 @triton.jit
-def _probs(Q, K, LSE, OUT, N_q, N_k, scale, D: tl.constexpr, CAUSAL: tl.constexpr, BUG: tl.constexpr,
-           BM: tl.constexpr, BN: tl.constexpr):
+def _probs(
+    Q,
+    K,
+    LSE,
+    OUT,
+    N_q,
+    N_k,
+    scale,
+    D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BUG: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    q = tl.load(Q + rows[:, None] * D + tl.arange(0, D)[None, :], mask=rows[:, None] < N_q, other=0.0)
-    k = tl.load(K + cols[:, None] * D + tl.arange(0, D)[None, :], mask=cols[:, None] < N_k, other=0.0)
+    q = tl.load(
+        Q + rows[:, None] * D + tl.arange(0, D)[None, :], mask=rows[:, None] < N_q, other=0.0
+    )
+    k = tl.load(
+        K + cols[:, None] * D + tl.arange(0, D)[None, :], mask=cols[:, None] < N_k, other=0.0
+    )
     lse = tl.load(LSE + rows, mask=rows < N_q, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision="ieee")
     if BUG != "no scale":
@@ -80,31 +105,42 @@ def _probs(Q, K, LSE, OUT, N_q, N_k, scale, D: tl.constexpr, CAUSAL: tl.constexp
         p = tl.math.exp2((tl.where(keep, s, -float("inf")) - lse[:, None]) * 1.4426950408889634)
     else:
         p = tl.where(keep, tl.math.exp2((s - lse[:, None]) * 1.4426950408889634), 0.0)
-    tl.store(OUT + rows[:, None] * N_k + cols[None, :], p, mask=(rows[:, None] < N_q) & (cols[None, :] < N_k))
+    tl.store(
+        OUT + rows[:, None] * N_k + cols[None, :],
+        p,
+        mask=(rows[:, None] < N_q) & (cols[None, :] < N_k),
+    )
 
 
 def _my_probabilities(bug=""):
     def fn(q, k, lse, causal=False):
         (N_q, d), N_k = q.shape, k.shape[0]
         out = torch.zeros(N_q, N_k, device=q.device)
-        _probs[(triton.cdiv(N_q, 16), triton.cdiv(N_k, 16))](q, k, lse, out, N_q, N_k, d ** -0.5, D=d, CAUSAL=causal,
-                                                             BUG=bug, BM=16, BN=16)
+        _probs[(triton.cdiv(N_q, 16), triton.cdiv(N_k, 16))](
+            q, k, lse, out, N_q, N_k, d**-0.5, D=d, CAUSAL=causal, BUG=bug, BM=16, BN=16
+        )
         return out
+
     return fn
 
 
-@pytest.mark.parametrize("fn", [triton_intro.probabilities, _my_probabilities()], ids=["package", "bug-free test kernel"])
+@pytest.mark.parametrize(
+    "fn", [triton_intro.probabilities, _my_probabilities()], ids=["package", "bug-free test kernel"]
+)
 def test_recompute_probabilities_accepts_the_solution(fn):
     report, text = run_grader(checks.recompute_probabilities, fn)
     assert report.passed, text
 
 
-@pytest.mark.parametrize("bug,words", [
-    ("exp2 without log2(e)", "fold log2(e)"),
-    ("no scale", "scaled by 1/sqrt(d)"),
-    ("top-left", "bottom-right"),
-    ("mask before exp", "is NaN"),
-])
+@pytest.mark.parametrize(
+    "bug,words",
+    [
+        ("exp2 without log2(e)", "fold log2(e)"),
+        ("no scale", "scaled by 1/sqrt(d)"),
+        ("top-left", "bottom-right"),
+        ("mask before exp", "is NaN"),
+    ],
+)
 def test_recompute_probabilities_names_each_planted_bug(bug, words):
     report, text = run_grader(checks.recompute_probabilities, _my_probabilities(bug), seed=6)
     assert not report.passed, bug

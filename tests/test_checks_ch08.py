@@ -1,4 +1,6 @@
-"""Chapter 08 graders: the solutions pass, a stub is "not attempted", each planted bug fails with its name."""
+"""Chapter 08 graders: the solutions pass, a stub is "not attempted", each planted bug fails with
+its name."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,45 +20,69 @@ def _memory(B, H, N, d, itemsize):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_solutions_pass(seed):
-    for grader, solution in [(checks.check_tflops, bench.tflops), (checks.check_tflops, _tflops),
-                             (checks.check_naive_memory, lambda *a: bench.memory_model("naive", *a[:4], itemsize=a[4])),
-                             (checks.check_naive_memory, _memory)]:
+    for grader, solution in [
+        (checks.check_tflops, bench.tflops),
+        (checks.check_tflops, _tflops),
+        (checks.check_naive_memory, lambda *a: bench.memory_model("naive", *a[:4], itemsize=a[4])),
+        (checks.check_naive_memory, _memory),
+    ]:
         report, text = run_grader(grader, solution, seed)
         assert report.passed, text
         assert "all cases pass" in text
 
 
 def test_fresh_inputs_unless_seeded():
-    labels = {tuple(label for label, _, _ in run_grader(checks.check_tflops, bench.tflops, seed=None)[0].results)
-              for _ in range(3)}
+    labels = {
+        tuple(
+            label
+            for label, _, _ in run_grader(checks.check_tflops, bench.tflops, seed=None)[0].results
+        )
+        for _ in range(3)
+    }
     assert len(labels) > 1
-    assert run_grader(checks.check_tflops, bench.tflops, 5)[0].results == run_grader(checks.check_tflops, bench.tflops, 5)[0].results
+    assert (
+        run_grader(checks.check_tflops, bench.tflops, 5)[0].results
+        == run_grader(checks.check_tflops, bench.tflops, 5)[0].results
+    )
 
 
 def test_stub_reports_not_attempted_and_names_the_solution():
     def stub(*args, **kwargs):
         raise NotImplementedError("Exercise 8.1: fill me in")
 
-    for grader, name in [(checks.check_tflops, "flashedu.bench.tflops"),
-                         (checks.check_naive_memory, "flashedu.bench.memory_model")]:
+    for grader, name in [
+        (checks.check_tflops, "flashedu.bench.tflops"),
+        (checks.check_naive_memory, "flashedu.bench.memory_model"),
+    ]:
         report, text = run_grader(grader, stub)
         assert not report.attempted and not report.passed
         assert text == f"{grader.__name__}: not attempted yet (reference: {name})"
 
 
 TFLOPS_BUGS = {
-    "ms was used as seconds": lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(B, H, N, d, ms * 1e3, causal,
-                                                                                         pass_),
-    "that is GFLOP/s": lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(B, H, N, d, ms, causal, pass_) * 1e3,
-    "there are two matmuls": lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(B, H, N, d, ms, causal,
-                                                                                        pass_) / 2,
-    "left out: every (batch, head) pair does the work":
-        lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(1, 1, N, d, ms, causal, pass_),
-    "causal was not halved": lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(B, H, N, d, ms, False, pass_),
-    "the backward was counted as 1x the forward":
-        lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(B, H, N, d, ms, causal) * (2 if pass_ != "fwd" else 1),
-    "2.5x is the backward alone":
-        lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(B, H, N, d, ms, causal) * (2.5 if pass_ != "fwd" else 1),
+    "ms was used as seconds": lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(
+        B, H, N, d, ms * 1e3, causal, pass_
+    ),
+    "that is GFLOP/s": lambda B, H, N, d, ms, causal=False, pass_="fwd": (
+        _tflops(B, H, N, d, ms, causal, pass_) * 1e3
+    ),
+    "there are two matmuls": lambda B, H, N, d, ms, causal=False, pass_="fwd": (
+        _tflops(B, H, N, d, ms, causal, pass_) / 2
+    ),
+    "left out: every (batch, head) pair does the work": (
+        lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(1, 1, N, d, ms, causal, pass_)
+    ),
+    "causal was not halved": lambda B, H, N, d, ms, causal=False, pass_="fwd": _tflops(
+        B, H, N, d, ms, False, pass_
+    ),
+    "the backward was counted as 1x the forward": (
+        lambda B, H, N, d, ms, causal=False, pass_="fwd": (
+            _tflops(B, H, N, d, ms, causal) * (2 if pass_ != "fwd" else 1)
+        )
+    ),
+    "2.5x is the backward alone": lambda B, H, N, d, ms, causal=False, pass_="fwd": (
+        _tflops(B, H, N, d, ms, causal) * (2.5 if pass_ != "fwd" else 1)
+    ),
     "expected a finite number": lambda *a, **k: float("nan"),
 }
 

@@ -1,5 +1,6 @@
 """The course check (`python -m flashedu.course check`): the real course passes, and each kind of
 inconsistency, planted in a small copy of a course, is reported by a sentence that names it."""
+
 import json
 import subprocess
 import sys
@@ -11,31 +12,37 @@ from flashedu import course
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A one-chapter course built on real package modules: flashedu.nb names notebooks/00_memory_hierarchy.ipynb
-# and flashedu.checks.ch00 exports chapter 00's graders.
-TOML = '''
-[book]
-title = "Toy course"
-
-[[chapter]]
-id = "00-memory-hierarchy"
-title = "The GPU memory hierarchy"
-notebook = "notebooks/00_memory_hierarchy.ipynb"
-modules = ["flashedu.nb"]
-minutes = 25
-objectives = ["Tell HBM from SRAM", "Place a kernel on a roofline"]
-'''
-FIRST = "# 00 · The GPU memory hierarchy\n\n- Tell HBM from SRAM\n- Place a kernel on a roofline\n\nEstimated time: 25 minutes"
-EXERCISES = ('def f(M, N, K, itemsize):\n    raise NotImplementedError("Exercise 0.1: one line")\n'
-             "checks.check_matmul_intensity(f)\n"
-             'def g(N, d, gpu, itemsize):\n    raise NotImplementedError("Exercise 0.2: two lines")\n'
-             "checks.check_naive_attention_time(g)\n")
+# A one-chapter course built on real package modules: flashedu.nb names
+# notebooks/00_memory_hierarchy.ipynb and flashedu.checks.ch00 exports chapter 00's graders.
+TOML = (ROOT / "tests" / "fixtures" / "toy_book.toml").read_text()
+FIRST = (
+    "# 00 · The GPU memory hierarchy\n\n- Tell HBM from SRAM\n- Place a kernel on a roofline\n\n"
+    "Estimated time: 25 minutes"
+)
+EXERCISES = (
+    'def f(M, N, K, itemsize):\n    raise NotImplementedError("Exercise 0.1: one line")\n'
+    "checks.check_matmul_intensity(f)\n"
+    'def g(N, d, gpu, itemsize):\n    raise NotImplementedError("Exercise 0.2: two lines")\n'
+    "checks.check_naive_attention_time(g)\n"
+)
 
 
 def _notebook(first=FIRST, code=EXERCISES, first_type="markdown"):
-    cells = [{"cell_type": first_type, "metadata": {}, "source": first},
-             {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None},
-             {"cell_type": "markdown", "metadata": {}, "source": "Stuck? `checks.solution(checks.check_matmul_intensity)`"}]
+    cells = [
+        {"cell_type": first_type, "metadata": {}, "source": first},
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "source": code,
+            "outputs": [],
+            "execution_count": None,
+        },
+        {
+            "cell_type": "markdown",
+            "metadata": {},
+            "source": "Stuck? `checks.solution(checks.check_matmul_intensity)`",
+        },
+    ]
     return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
@@ -71,16 +78,33 @@ def test_manifest_lists_ten_chapters_in_order():
     assert [c.id[:2] for c in chapters] == [f"{i:02d}" for i in range(10)]
 
 
-@pytest.mark.parametrize("edit,words", [
-    (('minutes = 25', 'minutes = 0'), ["minutes must be a positive whole number, got 0"]),
-    (('objectives = ["Tell HBM from SRAM", "Place a kernel on a roofline"]', 'objectives = []'), ["objectives is empty"]),
-    (('minutes = 25\n', ''), ["lacks minutes"]),
-    (('title = "Toy course"', ''), ["[book] table needs a title"]),
-    (('id = "00-memory-hierarchy"', 'id = "memory"'), ["id 'memory' should start with '00-'"]),
-    (('modules = ["flashedu.nb"]', 'modules = ["flashedu.nope"]'), ["module flashedu.nope does not import"]),
-    (('modules = ["flashedu.nb"]', 'modules = ["flashedu.reference"]'),
-     ["docstring of flashedu.reference names notebooks/01_naive_attention.ipynb, which book.toml does not list"]),
-])
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (("minutes = 25", "minutes = 0"), ["minutes must be a positive whole number, got 0"]),
+        (
+            (
+                'objectives = ["Tell HBM from SRAM", "Place a kernel on a roofline"]',
+                "objectives = []",
+            ),
+            ["objectives is empty"],
+        ),
+        (("minutes = 25\n", ""), ["lacks minutes"]),
+        (('title = "Toy course"', ""), ["[book] table needs a title"]),
+        (('id = "00-memory-hierarchy"', 'id = "memory"'), ["id 'memory' should start with '00-'"]),
+        (
+            ('modules = ["flashedu.nb"]', 'modules = ["flashedu.nope"]'),
+            ["module flashedu.nope does not import"],
+        ),
+        (
+            ('modules = ["flashedu.nb"]', 'modules = ["flashedu.reference"]'),
+            [
+                "docstring of flashedu.reference names notebooks/01_naive_attention.ipynb, "
+                "which book.toml does not list"
+            ],
+        ),
+    ],
+)
 def test_manifest_problems_are_named(toy, edit, words):
     (toy / "book.toml").write_text(TOML.replace(*edit))
     _only(course.check(toy), *words)
@@ -91,17 +115,34 @@ def test_notebooks_on_disk_and_in_the_manifest_must_agree(toy):
     _only(course.check(toy), "notebooks/05_extra.ipynb is not listed in book.toml")
     (toy / "notebooks" / "05_extra.ipynb").unlink()
     (toy / "notebooks" / "00_memory_hierarchy.ipynb").unlink()
-    _only(course.check(toy), "chapter 00 (00-memory-hierarchy): notebook notebooks/00_memory_hierarchy.ipynb does not exist")
+    _only(
+        course.check(toy),
+        "chapter 00 (00-memory-hierarchy): "
+        "notebook notebooks/00_memory_hierarchy.ipynb does not exist",
+    )
 
 
-@pytest.mark.parametrize("first,first_type,words", [
-    (FIRST, "code", ["must be markdown", "it is a code cell"]),
-    (FIRST.replace("Place a kernel", "Put a kernel"), "markdown", ["objective 'Place a kernel on a roofline'"]),
-    (FIRST.replace("25 minutes", "20 minutes"), "markdown", ["'Estimated time: 25 minutes'"]),
-    (FIRST.replace("The GPU memory hierarchy", "Memory"), "markdown", ["title 'The GPU memory hierarchy'"]),
-])
+@pytest.mark.parametrize(
+    "first,first_type,words",
+    [
+        (FIRST, "code", ["must be markdown", "it is a code cell"]),
+        (
+            FIRST.replace("Place a kernel", "Put a kernel"),
+            "markdown",
+            ["objective 'Place a kernel on a roofline'"],
+        ),
+        (FIRST.replace("25 minutes", "20 minutes"), "markdown", ["'Estimated time: 25 minutes'"]),
+        (
+            FIRST.replace("The GPU memory hierarchy", "Memory"),
+            "markdown",
+            ["title 'The GPU memory hierarchy'"],
+        ),
+    ],
+)
 def test_first_cell_must_state_title_objectives_and_minutes(toy, first, first_type, words):
-    (toy / "notebooks" / "00_memory_hierarchy.ipynb").write_text(json.dumps(_notebook(first, first_type=first_type)))
+    (toy / "notebooks" / "00_memory_hierarchy.ipynb").write_text(
+        json.dumps(_notebook(first, first_type=first_type))
+    )
     _only(course.check(toy), "chapter 00", *words)
 
 
@@ -110,11 +151,19 @@ def test_a_broken_notebook_file_is_reported_not_raised(toy):
     _only(course.check(toy), "00_memory_hierarchy.ipynb is not valid JSON")
 
 
-@pytest.mark.parametrize("code,words", [
-    (EXERCISES.replace("checks.check_naive_attention_time(g)", ""), ["calls 1 of its graders (check_matmul_intensity)"]),
-    (EXERCISES.replace('raise NotImplementedError("Exercise 0.2: two lines")', "return 0"),
-     ["has 1 exercise stub(s)"]),
-])
+@pytest.mark.parametrize(
+    "code,words",
+    [
+        (
+            EXERCISES.replace("checks.check_naive_attention_time(g)", ""),
+            ["calls 1 of its graders (check_matmul_intensity)"],
+        ),
+        (
+            EXERCISES.replace('raise NotImplementedError("Exercise 0.2: two lines")', "return 0"),
+            ["has 1 exercise stub(s)"],
+        ),
+    ],
+)
 def test_each_chapter_needs_two_graded_exercises(toy, code, words):
     (toy / "notebooks" / "00_memory_hierarchy.ipynb").write_text(json.dumps(_notebook(code=code)))
     _only(course.check(toy), "chapter 00", *words)
@@ -131,7 +180,12 @@ def test_graders_need_tests_and_the_solution_must_be_shown(toy):
 
 
 def test_command_line_lists_chapters_and_rejects_unknown_commands():
-    proc = subprocess.run([sys.executable, "-m", "flashedu.course", "list"], capture_output=True, text=True,
-                          cwd=ROOT, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashedu.course", "list"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
     assert proc.stdout.splitlines()[0].startswith("00-memory-hierarchy")
     assert course.main(["frobnicate"]) == 2

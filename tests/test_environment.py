@@ -1,4 +1,6 @@
-"""environment.yml, requirements.txt, constraints.txt and pyproject.toml describe one environment."""
+"""environment.yml, requirements.txt, constraints.txt and pyproject.toml describe one
+environment."""
+
 import re
 import tomllib
 from pathlib import Path
@@ -40,7 +42,9 @@ def test_constraints_agree_with_requirements():
     req = _pins((ROOT / "requirements.txt").read_text().splitlines())
     con = _pins((ROOT / "constraints.txt").read_text().splitlines())
     for name, version in req.items():
-        assert con.get(name) == version, f"{name}: requirements.txt has {version}, constraints.txt {con.get(name)}"
+        assert con.get(name) == version, (
+            f"{name}: requirements.txt has {version}, constraints.txt {con.get(name)}"
+        )
 
 
 def test_ci_runs_the_readme_test_command():

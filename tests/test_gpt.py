@@ -1,4 +1,6 @@
-"""flashedu.gpt: the shipped text, the tokenizer, causality, and the attention swap giving the same training run."""
+"""flashedu.gpt: the shipped text, the tokenizer, causality, and the attention swap giving the same
+training run."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,7 +44,7 @@ def test_attention_is_causal(attention, corpus):
     """Changing the last token must not change any earlier position's logits."""
     tok, data = corpus
     model = _model(tok, attention)
-    x = data[:TINY["block_size"]][None].clone()
+    x = data[: TINY["block_size"]][None].clone()
     y = x.clone()
     y[0, -1] = (y[0, -1] + 1) % tok.vocab_size
     with torch.no_grad():
@@ -67,8 +69,8 @@ def test_both_attentions_give_the_same_logits_and_gradients(corpus):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_swapping_attention_gives_the_same_losses_over_training(dtype, tol, corpus):
-    """Same weights, same batches, three AdamW steps: the losses agree within `tol` (measured: ~1e-15 in
-    float64, ~5e-7 in float32)."""
+    """Same weights, same batches, three AdamW steps: the losses agree within `tol` (measured:
+    ~1e-15 in float64, ~5e-7 in float32)."""
     tok, data = corpus
     losses = gpt.compare_attention(_model(tok).to(dtype), data, steps=3, batch_size=4, seed=2)
     print({k: [f"{x:.6f}" for x in v] for k, v in losses.items()})

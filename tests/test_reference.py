@@ -1,11 +1,18 @@
-"""The float64 oracle against independent formulations: torch's float64 SDPA and finite differences."""
+"""The float64 oracle against independent formulations: torch's float64 SDPA and finite
+differences."""
+
 import numpy as np
 import pytest
 import torch
 
 from flashedu import masks, reference
 
-SHAPES = [(1, 1, 1, 1, 16), (2, 3, 17, 17, 16), (1, 2, 33, 65, 32), (1, 2, 65, 33, 8)]  # (B, H, N_q, N_k, d)
+SHAPES = [
+    (1, 1, 1, 1, 16),
+    (2, 3, 17, 17, 16),
+    (1, 2, 33, 65, 32),
+    (1, 2, 65, 33, 8),
+]  # (B, H, N_q, N_k, d)
 
 
 def _sdpa64(q, k, v, *, causal, scale=None):
@@ -21,7 +28,9 @@ def test_forward_matches_torch_float64(B, H, N_q, N_k, d, causal, make_qkv):
     o, lse = reference.forward(q, k, v, causal=causal)
     keep_any = masks.visible(N_q, N_k, causal=causal).any(axis=1)
     expected = _sdpa64(q, k, v, causal=causal)
-    np.testing.assert_allclose(o[..., keep_any, :], expected[..., keep_any, :], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        o[..., keep_any, :], expected[..., keep_any, :], rtol=1e-12, atol=1e-12
+    )
     assert lse.dtype == np.float64 and lse.shape == (B, H, N_q)
 
 
@@ -33,7 +42,7 @@ def test_lse_is_logsumexp_of_scaled_scores(make_qkv):
 
 
 def test_fully_masked_rows_give_zero_output_and_minus_inf_lse(make_qkv):
-    q, k, v = make_qkv(1, 2, 6, 3, 8, "float64")      # causal, N_q > N_k: the first 3 rows see nothing
+    q, k, v = make_qkv(1, 2, 6, 3, 8, "float64")  # causal, N_q > N_k: the first 3 rows see nothing
     o, lse = reference.forward(q, k, v, causal=True)
     assert np.all(o[:, :, :3] == 0) and np.all(lse[:, :, :3] == -np.inf)
     assert np.isfinite(o).all() and np.isfinite(lse[:, :, 3:]).all()
@@ -42,7 +51,7 @@ def test_fully_masked_rows_give_zero_output_and_minus_inf_lse(make_qkv):
 
 
 def test_huge_logits_stay_finite(make_qkv):
-    q, k, v = make_qkv(1, 1, 8, 8, 4, "float64", scale=100.0)   # scores around +-1e4
+    q, k, v = make_qkv(1, 1, 8, 8, 4, "float64", scale=100.0)  # scores around +-1e4
     o, lse = reference.forward(q, k, v, softmax_scale=1.0)
     assert np.isfinite(o).all() and np.isfinite(lse).all()
 

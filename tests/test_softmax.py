@@ -1,4 +1,5 @@
 """flashedu.softmax: safe and online softmax, and the exact merge of partial (m, l, o) states."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,8 @@ from flashedu.testing import assert_close
 
 
 def _softmax64(x):
-    """Softmax by the textbook formula in float64 (no max subtraction): the value to compare with."""
+    """Softmax by the textbook formula in float64 (no max subtraction): the value to compare
+    with."""
     e = np.exp(np.asarray(x, dtype=np.float64))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -26,9 +28,13 @@ def test_safe_softmax_is_shift_invariant_and_survives_huge_logits(rng):
     x = rng.standard_normal((4, 9))
     big = x + 1e4
     with np.errstate(over="ignore", invalid="ignore"):
-        assert not np.isfinite(_softmax64(big)).all()          # the textbook formula overflows
+        assert not np.isfinite(_softmax64(big)).all()  # the textbook formula overflows
     assert_close(softmax.safe_softmax(big), _softmax64(x), np.float64)
-    assert_close(softmax.safe_softmax((x * 1e4).astype(np.float32)), softmax.safe_softmax(x * 1e4), np.float32)
+    assert_close(
+        softmax.safe_softmax((x * 1e4).astype(np.float32)),
+        softmax.safe_softmax(x * 1e4),
+        np.float32,
+    )
 
 
 def test_safe_softmax_along_other_axis(rng):
@@ -55,8 +61,8 @@ def test_online_softmax_matches_safe(shape, block, rng):
 
 
 def test_online_softmax_handles_rising_max_and_very_negative_rows(rng):
-    rising = np.arange(20, dtype=np.float64)[None] * 50.0        # the max moves at every column
-    negative = np.full((1, 6), -1e4)                             # m initialised to 0 would underflow l to 0
+    rising = np.arange(20, dtype=np.float64)[None] * 50.0  # the max moves at every column
+    negative = np.full((1, 6), -1e4)  # m initialised to 0 would underflow l to 0
     for x in (rising, negative, np.vstack([rng.standard_normal(6) * 1e4, negative[0]])):
         y = softmax.online_softmax(x.astype(np.float32))
         assert np.isfinite(y).all()
@@ -79,7 +85,7 @@ def test_online_stats_rejects_bad_input():
         softmax.online_stats(np.zeros((2, 3)), block=0)
 
 
-# ------------------------------------------------------------------------------------------ merging states
+# ----------------------------------------------------------------------------------- merging states
 
 
 def _split_states(s, v, cuts):
@@ -111,14 +117,15 @@ def _problem(draw):
 def _make(rows, n, d, seed, scale, masked):
     g = np.random.default_rng(seed)
     s = g.standard_normal((rows, n)) * scale
-    if masked:                                    # a fully masked first row and random holes elsewhere
+    if masked:  # a fully masked first row and random holes elsewhere
         s[0] = -np.inf
         s[g.random((rows, n)) < 0.3] = -np.inf
     return s, g.standard_normal((n, d))
 
 
 def _expected(s, v):
-    """(o, lse) of scores s (R, N) against v (N, d) from the float64 reference: s = q @ I, -inf by the mask."""
+    """(o, lse) of scores s (R, N) against v (N, d) from the float64 reference: s = q @ I, -inf by
+    the mask."""
     keep = np.isfinite(s)
     q, k = np.where(keep, s, 0.0)[None, None], np.eye(s.shape[1])[None, None]
     p, lse = reference.probabilities(q, k, softmax_scale=1.0, attn_mask=keep[None, None])

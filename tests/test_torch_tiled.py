@@ -1,5 +1,7 @@
-"""flashedu.torch_tiled against the float64 reference: ragged shapes, causal both ways, GQA, masked rows,
-huge logits, half precision, and the structure of the algorithm (no N_q x N_k tensor, causal block skipping)."""
+"""flashedu.torch_tiled against the float64 reference: ragged shapes, causal both ways, GQA, masked
+rows, huge logits, half precision, and the structure of the algorithm (no N_q x N_k tensor, causal
+block skipping)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +13,14 @@ from flashedu import reference, torch_tiled
 from flashedu.testing import assert_close, max_error
 
 # (B, H, H_kv, N_q, N_k, d)
-SHAPES = [(1, 1, 1, 1, 1, 8), (2, 3, 3, 17, 17, 16), (1, 2, 2, 33, 65, 32), (1, 2, 2, 65, 33, 32),
-          (1, 4, 2, 97, 40, 8), (2, 4, 1, 5, 97, 16)]
+SHAPES = [
+    (1, 1, 1, 1, 1, 8),
+    (2, 3, 3, 17, 17, 16),
+    (1, 2, 2, 33, 65, 32),
+    (1, 2, 2, 65, 33, 32),
+    (1, 4, 2, 97, 40, 8),
+    (2, 4, 1, 5, 97, 16),
+]
 BLOCKS = dict(block_m=16, block_n=16)
 
 
@@ -28,12 +36,16 @@ def test_forward_and_backward_match_reference(shape, causal, dtype, make_qkv):
     q, k, v = _qkv(make_qkv, shape, dtype)
     o, lse = torch_tiled.forward(q, k, v, causal=causal, **BLOCKS)
     o_ref, lse_ref = reference.forward(q, k, v, causal=causal)
-    assert o.dtype == q.dtype and lse.dtype == (torch.float64 if dtype == "float64" else torch.float32)
+    assert o.dtype == q.dtype and lse.dtype == (
+        torch.float64 if dtype == "float64" else torch.float32
+    )
     assert_close(o, o_ref, dtype, name="o")
     assert_close(lse, lse_ref, dtype, name="lse")
     do = torch.randn_like(o)
     grads = torch_tiled.backward(do, q, k, v, o, lse, causal=causal, **BLOCKS)
-    for name, g, g_ref in zip(("dq", "dk", "dv"), grads, reference.backward(do, q, k, v, causal=causal)):
+    for name, g, g_ref in zip(
+        ("dq", "dk", "dv"), grads, reference.backward(do, q, k, v, causal=causal)
+    ):
         assert g.dtype == q.dtype
         assert_close(g, g_ref, dtype, grad=True, name=name)
 
@@ -51,17 +63,22 @@ def test_any_block_sizes_give_the_same_answer(block_m, block_n, make_qkv):
 
 
 def test_fully_masked_rows_are_zero_with_zero_gradients(make_qkv):
-    q, k, v = _qkv(make_qkv, (1, 2, 2, 20, 6, 8), "float32")    # causal, N_q > N_k: rows 0..13 see no key
+    q, k, v = _qkv(
+        make_qkv, (1, 2, 2, 20, 6, 8), "float32"
+    )  # causal, N_q > N_k: rows 0..13 see no key
     o, lse = torch_tiled.forward(q, k, v, causal=True, block_m=8, block_n=4)
     assert torch.all(o[:, :, :14] == 0) and torch.all(torch.isneginf(lse[:, :, :14]))
     assert torch.isfinite(lse[:, :, 14:]).all()
-    dq, dk, dv = torch_tiled.backward(torch.randn_like(o), q, k, v, o, lse, causal=True, block_m=8, block_n=4)
+    dq, dk, dv = torch_tiled.backward(
+        torch.randn_like(o), q, k, v, o, lse, causal=True, block_m=8, block_n=4
+    )
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
     assert torch.all(dq[:, :, :14] == 0)
 
 
 def test_huge_logits_stay_exact_and_finite(make_qkv):
-    """Logits of about +-1e4 in float32: no overflow, and no more error than PyTorch's own float32 softmax."""
+    """Logits of about +-1e4 in float32: no overflow, and no more error than PyTorch's own float32
+    softmax."""
     q, k, v = _qkv(make_qkv, (1, 2, 2, 33, 47, 16), "float32", scale=70.0)
     o, lse = torch_tiled.forward(q, k, v, causal=True, **BLOCKS)
     s = (q @ k.transpose(-1, -2) / 4.0).abs().max()
@@ -117,7 +134,7 @@ def test_no_intermediate_is_as_large_as_the_score_matrix(make_qkv):
         o, lse = torch_tiled.forward(q, k, v, causal=True, **BLOCKS)
         torch_tiled.backward(torch.randn_like(o), q, k, v, o, lse, causal=True, **BLOCKS)
     largest = max(int(np.prod(s)) for s in rec.shapes)
-    assert largest == q.numel() < 2 * 128 * 128            # the biggest tensor is a Q-sized one, not S or P
+    assert largest == q.numel() < 2 * 128 * 128  # the biggest tensor is a Q-sized one, not S or P
 
 
 @pytest.mark.parametrize("N", [64, 128])
@@ -129,8 +146,8 @@ def test_causal_skips_the_blocks_above_the_diagonal(N, make_qkv):
             torch_tiled.forward(q, k, v, causal=causal, **BLOCKS)
         counts[causal] = rec.bmm
     n = N // 16
-    assert counts[False] == 2 * n * n                       # S = QK^T and PV for every pair of blocks
-    assert counts[True] == 2 * n * (n + 1) // 2              # only blocks on or below the diagonal
+    assert counts[False] == 2 * n * n  # S = QK^T and PV for every pair of blocks
+    assert counts[True] == 2 * n * (n + 1) // 2  # only blocks on or below the diagonal
 
 
 def test_bad_arguments_raise_named_errors(make_qkv):

@@ -1,5 +1,6 @@
-"""The traffic widgets, built without a display: controls moved in Python, every number and figure checked
-against `flashedu.traffic`."""
+"""The traffic widgets, built without a display: controls moved in Python, every number and figure
+checked against `flashedu.traffic`."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,7 @@ import pytest
 
 from flashedu import traffic, viz, widgets
 
-MIB = 2.0 ** 20
+MIB = 2.0**20
 
 
 def _bars(ax) -> list[float]:
@@ -22,27 +23,36 @@ def _shown_total(html: str) -> int:
     return int(re.search(r"class='fe-total' data-bytes='(\d+)'", html).group(1))
 
 
-# --------------------------------------------------------------------------------------------- explorer state
+# ----------------------------------------------------------------------------------- explorer state
 
 
-@pytest.mark.parametrize("N,d,dtype", [(1024, 64, "float16"), (4096, 128, "float32"), (128, 32, "bfloat16")])
+@pytest.mark.parametrize(
+    "N,d,dtype", [(1024, 64, "float16"), (4096, 128, "float32"), (128, 32, "bfloat16")]
+)
 def test_standard_algorithm_shows_the_naive_closed_form(N, d, dtype):
     s = viz.explorer_state(N=N, d=d, dtype=dtype, algorithm="naive")
     e = viz.ITEMSIZE[dtype]
     assert s["traffic"] == traffic.naive_forward(1, 1, N, N, d, itemsize=e)
-    flash = traffic.flash_forward(1, 1, N, N, d, block_m=s["block_m"], block_n=s["block_n"], order="fa2", itemsize=e)
+    flash = traffic.flash_forward(
+        1, 1, N, N, d, block_m=s["block_m"], block_n=s["block_n"], order="fa2", itemsize=e
+    )
     assert s["flash"] == flash
     assert s["ratio"] == s["traffic"].total_bytes / flash.total_bytes
-    expected = traffic.roofline(traffic.attention_flops(1, 1, N, N, d), s["traffic"].total_bytes, "H200")
+    expected = traffic.roofline(
+        traffic.attention_flops(1, 1, N, N, d), s["traffic"].total_bytes, "H200"
+    )
     assert s["roofline"] == expected and s["roofline"].bound == "memory"
 
 
 @pytest.mark.parametrize("algorithm,order", [("fa1", "fa1"), ("fa2", "fa2")])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_orders_show_the_flash_closed_form(algorithm, order, causal):
-    s = viz.explorer_state(N=2048, d=64, algorithm=algorithm, block_m=64, block_n=32, causal=causal, B=2, H=3)
-    assert s["traffic"] == traffic.flash_forward(2, 3, 2048, 2048, 64, block_m=64, block_n=32, order=order,
-                                                 causal=causal)
+    s = viz.explorer_state(
+        N=2048, d=64, algorithm=algorithm, block_m=64, block_n=32, causal=causal, B=2, H=3
+    )
+    assert s["traffic"] == traffic.flash_forward(
+        2, 3, 2048, 2048, 64, block_m=64, block_n=32, order=order, causal=causal
+    )
     assert s["standard"] == traffic.naive_forward(2, 3, 2048, 2048, 64)
     assert s["flops"] == traffic.attention_flops(2, 3, 2048, 2048, 64, causal=causal)
     assert s["roofline"].time == max(s["traffic"].total_bytes / 4.8e12, s["flops"] / 989.4e12)
@@ -51,8 +61,9 @@ def test_flash_orders_show_the_flash_closed_form(algorithm, order, causal):
 def test_backward_compares_the_two_backward_passes():
     s = viz.explorer_state(N=1024, d=64, algorithm="backward", causal=True)
     assert s["standard"] == traffic.naive_backward(1, 1, 1024, 1024, 64)
-    assert s["traffic"] == traffic.flash_backward(1, 1, 1024, 1024, 64, block_m=s["block_m"], block_n=s["block_n"],
-                                                  causal=True)
+    assert s["traffic"] == traffic.flash_backward(
+        1, 1, 1024, 1024, 64, block_m=s["block_m"], block_n=s["block_n"], causal=True
+    )
     assert s["flops"] == traffic.attention_flops(1, 1, 1024, 1024, 64, causal=True, pass_="bwd")
 
 
@@ -72,7 +83,9 @@ def test_sram_tiles_and_fit():
     assert not big["fits"]
     assert "does NOT fit" in widgets.explorer_details_html(big)
     assert viz.explorer_state(algorithm="naive")["sram_tiles"] == {}
-    auto = viz.explorer_state(algorithm="fa1", d=64, sram_kib=227)      # the paper's rule overshoots a little
+    auto = viz.explorer_state(
+        algorithm="fa1", d=64, sram_kib=227
+    )  # the paper's rule overshoots a little
     assert auto["auto_blocks"] and not auto["fits"]
     assert "% over: the paper's rule" in widgets.explorer_details_html(auto)
 
@@ -82,13 +95,15 @@ def test_flash_ratio_grows_with_N():
     assert all(a < b for a, b in zip(ratios, ratios[1:])), ratios
 
 
-@pytest.mark.parametrize("bad,match", [({"algorithm": "fa3"}, "algorithm"), ({"dtype": "int8"}, "dtype")])
+@pytest.mark.parametrize(
+    "bad,match", [({"algorithm": "fa3"}, "algorithm"), ({"dtype": "int8"}, "dtype")]
+)
 def test_bad_choice_names_the_argument(bad, match):
     with pytest.raises(ValueError, match=match):
         viz.explorer_state(**bad)
 
 
-# --------------------------------------------------------------------------------------------- explorer widget
+# ---------------------------------------------------------------------------------- explorer widget
 
 
 def test_explorer_follows_its_controls():
@@ -100,15 +115,18 @@ def test_explorer_follows_its_controls():
     assert _shown_total(w.html.value) == expected.total_bytes
     assert f"{expected.total_bytes:,} bytes" in w.html.value
     for tensor in ("S", "P"):
-        assert f"<td style='padding:0 10px;line-height:1.35;text-align:right'>{expected.reads[tensor]:,}</td>" \
-            in w.details.value
+        assert (
+            "<td style='padding:0 10px;line-height:1.35;text-align:right'>"
+            f"{expected.reads[tensor]:,}</td>"
+        ) in w.details.value
     w.controls["dtype"].value = "float32"
     assert w.state["traffic"] == traffic.naive_forward(1, 1, 2048, 2048, 64, itemsize=4)
     w.controls["algorithm"].value = "fa1"
     w.controls["block_m"].value, w.controls["block_n"].value = 32, 128
     w.controls["causal"].value = True
-    assert w.state["traffic"] == traffic.flash_forward(1, 1, 2048, 2048, 64, block_m=32, block_n=128, order="fa1",
-                                                       causal=True, itemsize=4)
+    assert w.state["traffic"] == traffic.flash_forward(
+        1, 1, 2048, 2048, 64, block_m=32, block_n=128, order="fa1", causal=True, itemsize=4
+    )
     assert w.image.value[:4] == b"\x89PNG"
 
 
@@ -134,15 +152,16 @@ def test_choosing_a_gpu_sets_its_shared_memory():
     assert "NVIDIA A100 SXM4 80GB" in w.html.value
 
 
-# --------------------------------------------------------------------------------------------- roofline
+# ----------------------------------------------------------------------------------------- roofline
 
 
 def test_roofline_points_place_standard_and_flash():
     pts = viz.roofline_points("H100-SXM", N=8192, d=64)
     s = viz.explorer_state(N=8192, d=64, gpu="H100-SXM", algorithm="fa2")
     flops = traffic.attention_flops(1, 1, 8192, 8192, 64)
-    assert pts["standard"] == traffic.roofline(flops, traffic.naive_forward(1, 1, 8192, 8192, 64).total_bytes,
-                                               "H100-SXM")
+    assert pts["standard"] == traffic.roofline(
+        flops, traffic.naive_forward(1, 1, 8192, 8192, 64).total_bytes, "H100-SXM"
+    )
     assert pts["flash"] == traffic.roofline(flops, s["flash"].total_bytes, "H100-SXM")
     assert pts["standard"].bound == "memory" and pts["flash"].bound == "compute"
 
@@ -161,17 +180,25 @@ def test_roofline_widget_moves_its_points():
     assert w.points["standard"].flops == traffic.attention_flops(1, 1, 128, 128, 64)
 
 
-# --------------------------------------------------------------------------------------------- tile stepper
+# ------------------------------------------------------------------------------------- tile stepper
 
 
 def _hand_ledger() -> traffic.Ledger:
-    """A 2 x 2 causal tiling as tiled.forward would log it (FA2 order, 4 rows, 2-row blocks, d = 1)."""
+    """A 2 x 2 causal tiling as tiled.forward would log it (FA2 order, 4 rows, 2-row blocks,
+    d = 1)."""
     led = traffic.Ledger()
-    led.read("Q", 8)                                        # before any step: counted in the first frame
+    led.read("Q", 8)  # before any step: counted in the first frame
     for i, j, skipped in [(0, 0, False), (0, 1, True), (1, 0, False), (1, 1, False)]:
         m = np.full((1, 1, 2), -np.inf if j == 0 else 0.5)
-        led.step(i=i, j=j, skipped=skipped, rows=(2 * i, 2 * i + 2), cols=(2 * j, 2 * j + 2), m=m,
-                 l=np.full((1, 1, 2), float(j)))
+        led.step(
+            i=i,
+            j=j,
+            skipped=skipped,
+            rows=(2 * i, 2 * i + 2),
+            cols=(2 * j, 2 * j + 2),
+            m=m,
+            l=np.full((1, 1, 2), float(j)),
+        )
         if not skipped:
             led.read("K", 4)
             led.read("V", 4)
@@ -186,7 +213,9 @@ def test_stepper_frames_replay_the_ledger():
     assert len(frames) == 4
     assert [f["read_bytes"] for f in frames] == [16, 16, 24, 32]
     assert [f["write_bytes"] for f in frames] == [0, 8, 8, 16]
-    assert frames[-1]["read_bytes"] == led.read_bytes and frames[-1]["write_bytes"] == led.write_bytes
+    assert (
+        frames[-1]["read_bytes"] == led.read_bytes and frames[-1]["write_bytes"] == led.write_bytes
+    )
     assert frames[1]["done"] == {(0, 0)} and frames[3]["done"] == {(0, 0), (1, 0), (1, 1)}
     assert frames[1]["moved"] == [("O", "write", 8)]
     html = widgets.stepper_html(frames[1], frames)
@@ -194,8 +223,10 @@ def test_stepper_frames_replay_the_ledger():
     assert "-inf in all 2 rows (no key seen yet)" in widgets.stepper_html(frames[0], frames)
 
 
-needs_tiled = pytest.mark.skipif(importlib.util.find_spec("flashedu.tiled") is None,
-                                 reason="flashedu.tiled is not in this tree yet")
+needs_tiled = pytest.mark.skipif(
+    importlib.util.find_spec("flashedu.tiled") is None,
+    reason="flashedu.tiled is not in this tree yet",
+)
 
 
 @needs_tiled
@@ -203,14 +234,18 @@ needs_tiled = pytest.mark.skipif(importlib.util.find_spec("flashedu.tiled") is N
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_stepper_replays_tiled_forward(order, causal):
     w = widgets.tile_stepper(N_q=17, N_k=33, d=16, block_m=8, block_n=8, causal=causal, order=order)
-    expected = traffic.flash_forward(1, 1, 17, 33, 16, block_m=8, block_n=8, order=order, causal=causal,
-                                     itemsize=4)
+    expected = traffic.flash_forward(
+        1, 1, 17, 33, 16, block_m=8, block_n=8, order=order, causal=causal, itemsize=4
+    )
     last = w.frames[-1]
     assert last["read_bytes"] + last["write_bytes"] == expected.total_bytes
     assert len(w.frames) == math.ceil(17 / 8) * math.ceil(33 / 8)
     skipped = {(f["i"], f["j"]) for f in w.frames if f["skipped"]}
-    visible = {(i, j) for i in range(3) for j in traffic.kv_blocks(8 * i, min(8 * i + 8, 17), 17, 33, 8,
-                                                                  causal=causal)}
+    visible = {
+        (i, j)
+        for i in range(3)
+        for j in traffic.kv_blocks(8 * i, min(8 * i + 8, 17), 17, 33, 8, causal=causal)
+    }
     assert skipped == {(i, j) for i in range(3) for j in range(5)} - visible
     w.slider.value = w.slider.max
     assert f"data-bytes='{expected.total_bytes}'" in w.html.value

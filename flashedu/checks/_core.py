@@ -1,16 +1,18 @@
 """The grading machinery shared by every chapter's graders: `Case`, `grade`, `grader`, `solution`.
 
 A chapter's grader builds a list of `Case`s from fresh ragged inputs (seeded only when a test passes
-`seed=`), with the expected answer from the float64 reference, and hands them to `grade`, which calls the
-learner's function on each, prints one line per case (shapes, max error, NaN, infinities, or what it
-raised) with the case's hint when it fails, and returns a `Report`. A stub that raises
-NotImplementedError on the first case is reported as "not attempted yet" and nothing else is printed, so
-the committed notebooks run under nbval with their exercises open. Used from every notebook's exercises
-(first in notebooks/01_naive_attention.ipynb); tested in tests/test_checks_core.py.
+`seed=`), with the expected answer from the float64 reference, and hands them to `grade`, which
+calls the learner's function on each, prints one line per case (shapes, max error, NaN, infinities,
+or what it raised) with the case's hint when it fails, and returns a `Report`. A stub that raises
+NotImplementedError on the first case is reported as "not attempted yet" and nothing else is
+printed, so the committed notebooks run under nbval with their exercises open. Used from every
+notebook's exercises (first in notebooks/01_naive_attention.ipynb); tested in
+tests/test_checks_core.py.
 
 Limits: comparisons are elementwise against a tolerance, so an answer that is right only up to a
 permutation fails; a grader that needs another notion of right passes `Case.check`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,9 +32,11 @@ class Case:
 
     label: what the case tries, e.g. "N_q=5 > N_k=3, causal".
     expected: the right answer (an array, a tuple of arrays, or a number).
-    hint: printed when this case fails; names the likely mistake (e.g. "l was not rescaled when m grew").
+    hint: printed when this case fails; names the likely mistake (e.g. "l was not rescaled when m
+    grew").
     check: optional custom comparison (got, expected) -> (ok, detail) replacing the tolerance test.
-    names: optional names of the parts of a tuple answer, e.g. ("o", "lse"), used in the printed line.
+    names: optional names of the parts of a tuple answer, e.g. ("o", "lse"), used in the printed
+    line.
     """
 
     label: str
@@ -49,7 +53,7 @@ class Case:
 class Report:
     name: str
     attempted: bool
-    results: list[tuple[str, bool, str]]   # (label, ok, detail)
+    results: list[tuple[str, bool, str]]  # (label, ok, detail)
 
     @property
     def passed(self) -> bool:
@@ -71,7 +75,8 @@ class Report:
 
 
 def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
-    """Elementwise |got - expected| <= atol + rtol |expected|; infinities must match, sign included."""
+    """Elementwise |got - expected| <= atol + rtol |expected|; infinities must match, sign
+    included."""
     if got is None:
         return False, "returned None (a missing `return`?)"
     try:
@@ -86,9 +91,16 @@ def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
     g_inf, e_inf = np.isinf(g), np.isinf(e)
     if (g_inf != e_inf).any():
         n = int((g_inf != e_inf).sum())
-        return False, f"shape={g.shape}  {n} entries infinite where finite values belong (or the reverse)"
+        return (
+            False,
+            f"shape={g.shape}  {n} entries infinite where finite values belong (or the reverse)",
+        )
     if (g_inf & (g != e)).any():
-        return False, f"shape={g.shape}  infinities of the wrong sign (+inf where -inf belongs, or the reverse)"
+        return (
+            False,
+            f"shape={g.shape}  infinities of the wrong sign "
+            "(+inf where -inf belongs, or the reverse)",
+        )
     abs_err, _ = max_error(g, e)
     fin = np.isfinite(e)  # matching infinities were checked above
     ok = bool(np.all(np.abs(g[fin] - e[fin]) <= tol.atol + tol.rtol * np.abs(e[fin])))
@@ -96,7 +108,8 @@ def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
 
 
 def _compare(got, expected, tol: Tolerance, names: tuple[str, ...] = ()) -> tuple[bool, str]:
-    """Compare an answer with the expected one; a tuple is compared part by part, each part named."""
+    """Compare an answer with the expected one; a tuple is compared part by part, each part
+    named."""
     if not isinstance(expected, tuple):
         return _compare_array(got, expected, tol)
     if not isinstance(got, (tuple, list)) or len(got) != len(expected):
@@ -116,7 +129,9 @@ def _raised(e: Exception) -> str:
     return f"raised {type(e).__name__}" + (f": {msg[:160]}" if msg else "")
 
 
-def grade(name: str, fn: Callable, cases: list[Case], *, solution_name: str, out: Callable = print) -> Report:
+def grade(
+    name: str, fn: Callable, cases: list[Case], *, solution_name: str, out: Callable = print
+) -> Report:
     """Run `fn` on every case and print one line each. Returns a Report (`.passed`, `.text`)."""
     if not cases:
         raise ValueError(f"grade({name!r}): no cases to run")
@@ -146,12 +161,14 @@ def grade(name: str, fn: Callable, cases: list[Case], *, solution_name: str, out
 
 
 def grader(solution_name: str):
-    """Decorate a grader `g(fn, *, seed=None, out=print) -> Report` with the dotted name of its solution
-    (a function in the flashedu package, e.g. "flashedu.tiled.forward")."""
+    """Decorate a grader `g(fn, *, seed=None, out=print) -> Report` with the dotted name of its
+    solution (a function in the flashedu package, e.g. "flashedu.tiled.forward")."""
     module, _, attr = solution_name.rpartition(".")
     if not module.startswith("flashedu") or not attr.isidentifier():
-        raise ValueError(f"grader: solution_name must be a dotted flashedu function such as "
-                         f"'flashedu.tiled.forward', got {solution_name!r}")
+        raise ValueError(
+            f"grader: solution_name must be a dotted flashedu function such as "
+            f"'flashedu.tiled.forward', got {solution_name!r}"
+        )
 
     def wrap(g):
         @functools.wraps(g)
@@ -174,7 +191,8 @@ def solution_function(g) -> Callable:
 
 
 def solution(g) -> None:
-    """Show the package function that solves the exercise graded by `g` (the tests cover exactly this code)."""
+    """Show the package function that solves the exercise graded by `g` (the tests cover exactly
+    this code)."""
     from .. import nb
 
     nb.show_source(solution_function(g))
@@ -194,8 +212,11 @@ def number_or_none(got) -> float | None:
     return g if math.isfinite(g) else None
 
 
-def diagnose(got: float, expected: float, mistakes: dict[str, float], rel: float) -> tuple[bool, str]:
-    """ok when got matches expected; otherwise name the mistake whose value got reproduces, if any."""
+def diagnose(
+    got: float, expected: float, mistakes: dict[str, float], rel: float
+) -> tuple[bool, str]:
+    """ok when got matches expected; otherwise name the mistake whose value got reproduces, if
+    any."""
     err = abs(got - expected) / abs(expected)
     detail = f"got {got:.6g}, expected {expected:.6g} (rel. error {err:.1e})"
     if err <= rel:

@@ -1,13 +1,15 @@
-"""Graders for notebooks/06_triton_forward.ipynb: a first Triton kernel, and the key ranges of the forward.
+"""Graders for notebooks/06_triton_forward.ipynb: a first Triton kernel, and the key ranges of the
+forward.
 
-Exercise 6.1 asks for a Triton kernel with a 2D grid that computes the masked, scaled scores of one head,
-one program per tile; exercise 6.2 for the arithmetic that tells each program of the forward kernel which key
-blocks it skips, which it masks and which it sees whole. Each case draws fresh ragged sizes and targets one
-mistake: a grid that misses the ragged last tile, masked scores set to 0 instead of -inf, the scale
-forgotten, the causal offset top-left instead of bottom-right, the ragged last key block left unmasked, the
-last query row of a short block taken past N_q. Learners' kernels run on the GPU when there is one, else on
-CPU through the Triton interpreter.
+Exercise 6.1 asks for a Triton kernel with a 2D grid that computes the masked, scaled scores of one
+head, one program per tile; exercise 6.2 for the arithmetic that tells each program of the forward
+kernel which key blocks it skips, which it masks and which it sees whole. Each case draws fresh
+ragged sizes and targets one mistake: a grid that misses the ragged last tile, masked scores set to
+0 instead of -inf, the scale forgotten, the causal offset top-left instead of bottom-right, the
+ragged last key block left unmasked, the last query row of a short block taken past N_q. Learners'
+kernels run on the GPU when there is one, else on CPU through the Triton interpreter.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,41 +30,80 @@ def device() -> str:
 
 def one_head(rng, N_q, N_k, d, dtype="float32", scale=1.0):
     """q (N_q, d) and k, v (N_k, d) torch tensors for one head, on the GPU if there is one."""
-    q, k, v = random_qkv(1, 1, N_q, N_k, d, dtype, seed=rng, kind="torch", device=device(), scale=scale)
+    q, k, v = random_qkv(
+        1, 1, N_q, N_k, d, dtype, seed=rng, kind="torch", device=device(), scale=scale
+    )
     return q[0, 0], k[0, 0], v[0, 0]
 
 
 def _scores64(q, k, causal):
-    s = q.double().cpu().numpy() @ k.double().cpu().numpy().T / np.sqrt(q.shape[-1])   # (N_q, N_k)
+    s = q.double().cpu().numpy() @ k.double().cpu().numpy().T / np.sqrt(q.shape[-1])  # (N_q, N_k)
     return np.where(masks.visible(q.shape[0], k.shape[0], causal=causal), s, -np.inf)
 
 
 @grader("flashedu.triton_intro.scores")
 def triton_scores(fn, *, seed=None, out=print):
-    """Grade `fn(q, k, *, causal=False) -> s`: q (N_q, d) and k (N_k, d) float32 tensors of one head; s is
-    (N_q, N_k) with s_ij = q_i . k_j / sqrt(d), and -inf where query i may not see key j (causal: j <= i +
-    N_k - N_q). Computed by a Triton kernel with one program per (BLOCK_M, BLOCK_N) tile of s."""
+    """Grade `fn(q, k, *, causal=False) -> s`: q (N_q, d) and k (N_k, d) float32 tensors of one
+    head; s is (N_q, N_k) with s_ij = q_i . k_j / sqrt(d), and -inf where query i may not see key j
+    (causal: j <= i + N_k - N_q). Computed by a Triton kernel with one program per (BLOCK_M,
+    BLOCK_N) tile of s."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
-    n_q, n_k = 16 * r(2, 3) + r(1, 15), 16 * r(2, 4) + r(1, 15)          # never multiples of 16
+    n_q, n_k = 16 * r(2, 3) + r(1, 15), 16 * r(2, 4) + r(1, 15)  # never multiples of 16
     specs = [  # (label, (N_q, N_k, d), causal, hint)
-        ("one tile", (r(2, 12), r(2, 12), 16), False,
-         "s = q k^T / sqrt(d): tl.dot(q, tl.trans(k)) times the scale"),
-        (f"ragged N_q={n_q}, N_k={n_k}", (n_q, n_k, 32), False,
-         "launch cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N) programs and mask the loads and the store at the edges"),
-        ("d=64: scale 1/sqrt(d)", (r(17, 40), r(17, 40), 64), False, "multiply the scores by 1/sqrt(d)"),
-        ("causal, N_q == N_k", (n_q, n_q, 32), True,
-         "masked scores are -inf (tl.where(mask, s, -inf)), not 0: exp(0) = 1 would count them"),
-        (f"causal, N_q={n_q} < N_k={n_k + n_q}", (n_q, n_k + n_q, 32), True,
-         "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned)"),
-        (f"causal, N_q={n_k + 5} > N_k={n_k}", (n_k + 5, n_k, 16), True,
-         "the first N_q - N_k rows see no key at all: their scores are all -inf"),
+        (
+            "one tile",
+            (r(2, 12), r(2, 12), 16),
+            False,
+            "s = q k^T / sqrt(d): tl.dot(q, tl.trans(k)) times the scale",
+        ),
+        (
+            f"ragged N_q={n_q}, N_k={n_k}",
+            (n_q, n_k, 32),
+            False,
+            (
+                "launch cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N) programs and mask the loads and "
+                "the store at the edges"
+            ),
+        ),
+        (
+            "d=64: scale 1/sqrt(d)",
+            (r(17, 40), r(17, 40), 64),
+            False,
+            "multiply the scores by 1/sqrt(d)",
+        ),
+        (
+            "causal, N_q == N_k",
+            (n_q, n_q, 32),
+            True,
+            "masked scores are -inf (tl.where(mask, s, -inf)), not 0: exp(0) = 1 would count them",
+        ),
+        (
+            f"causal, N_q={n_q} < N_k={n_k + n_q}",
+            (n_q, n_k + n_q, 32),
+            True,
+            "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned)",
+        ),
+        (
+            f"causal, N_q={n_k + 5} > N_k={n_k}",
+            (n_k + 5, n_k, 16),
+            True,
+            "the first N_q - N_k rows see no key at all: their scores are all -inf",
+        ),
     ]
     cases = []
     for label, (N_q, N_k, d), causal, hint in specs:
         q, k, _ = one_head(rng, N_q, N_k, d)
-        cases.append(Case(label, (q, k), _scores64(q, k, causal), hint=hint, kwargs={"causal": causal},
-                          tol=Tolerance(2e-5, 2e-5)))
+        cases.append(
+            Case(
+                label,
+                (q, k),
+                _scores64(q, k, causal),
+                hint=hint,
+                kwargs={"causal": causal},
+                tol=Tolerance(2e-5, 2e-5),
+            )
+        )
     return grade("triton_scores", fn, cases, solution_name=triton_scores.solution_name, out=out)
 
 
@@ -77,11 +118,12 @@ def _same_ints(got, expected) -> tuple[bool, str]:
 
 @grader("flashedu.triton_intro.kv_range")
 def kv_block_range(fn, *, seed=None, out=print):
-    """Grade `fn(first, last, N_q, N_k, block_n, *, causal=False) -> (lo, full_lo, full_hi, hi)`: for the query
-    rows first..last (inclusive), the key stretches of the forward kernel, all multiples of block_n: keys in
-    [full_lo, full_hi) are visible to every one of these rows and to no mask; [lo, full_lo) and [full_hi, hi)
-    need the mask (the causal diagonal, the ragged last block); keys outside [lo, hi) are never loaded, and a
-    block of rows that sees nothing gets lo == hi."""
+    """Grade `fn(first, last, N_q, N_k, block_n, *, causal=False) -> (lo, full_lo, full_hi, hi)`:
+    for the query rows first..last (inclusive), the key stretches of the forward kernel, all
+    multiples of block_n: keys in [full_lo, full_hi) are visible to every one of these rows and to
+    no mask; [lo, full_lo) and [full_hi, hi) need the mask (the causal diagonal, the ragged last
+    block); keys outside [lo, hi) are never loaded, and a block of rows that sees nothing gets
+    lo == hi."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     bm, bn = 64, 32 * r(1, 2)
@@ -89,20 +131,67 @@ def kv_block_range(fn, *, seed=None, out=print):
     i = r(1, n // bm - 2) * bm
     ragged = n + r(1, bn - 1)
     specs = [  # (label, (first, last, N_q, N_k), causal, hint)
-        ("no mask, N_k a block multiple", (i, i + bm - 1, n, n), False,
-         "without a mask every key is visible to every row: all of [0, N_k) is the full stretch"),
-        (f"no mask, ragged N_k={ragged}", (i, i + bm - 1, n, ragged), False,
-         "the ragged last key block needs the bounds mask: full_hi rounds N_k down to a block, hi rounds up"),
-        (f"causal, rows {i}..{i + bm - 1} of N={n}", (i, i + bm - 1, n, n), True,
-         "causal: keys before the block's first row are full; the diagonal block(s) up to its last row are masked"),
-        (f"causal, N_q={n} < N_k={n + bn + 3}", (i, i + bm - 1, n, n + bn + 3), True,
-         "causal offset: row i sees keys j <= i + N_k - N_q (bottom-right), so shift both ends by N_k - N_q"),
-        (f"causal, N_q={n + 2 * bm} > N_k={n}: rows that see nothing", (0, bm - 1, n + 2 * bm, n), True,
-         "rows with i + N_k - N_q < 0 see no key: nothing to load, return lo == full_lo == full_hi == hi"),
-        (f"causal, short last block (N={n - 7})", (n - bm, n - 8, n - 7, n - 7), True,
-         "the last row of a short block is min(first + BLOCK_M, N_q) - 1, the `last` you are given"),
+        (
+            "no mask, N_k a block multiple",
+            (i, i + bm - 1, n, n),
+            False,
+            "without a mask every key is visible to every row: all of [0, N_k) is the full stretch",
+        ),
+        (
+            f"no mask, ragged N_k={ragged}",
+            (i, i + bm - 1, n, ragged),
+            False,
+            (
+                "the ragged last key block needs the bounds mask: full_hi rounds N_k down to a "
+                "block, hi rounds up"
+            ),
+        ),
+        (
+            f"causal, rows {i}..{i + bm - 1} of N={n}",
+            (i, i + bm - 1, n, n),
+            True,
+            (
+                "causal: keys before the block's first row are full; the diagonal block(s) up to "
+                "its last row are masked"
+            ),
+        ),
+        (
+            f"causal, N_q={n} < N_k={n + bn + 3}",
+            (i, i + bm - 1, n, n + bn + 3),
+            True,
+            (
+                "causal offset: row i sees keys j <= i + N_k - N_q (bottom-right), so shift both "
+                "ends by N_k - N_q"
+            ),
+        ),
+        (
+            f"causal, N_q={n + 2 * bm} > N_k={n}: rows that see nothing",
+            (0, bm - 1, n + 2 * bm, n),
+            True,
+            (
+                "rows with i + N_k - N_q < 0 see no key: nothing to load, return "
+                "lo == full_lo == full_hi == hi"
+            ),
+        ),
+        (
+            f"causal, short last block (N={n - 7})",
+            (n - bm, n - 8, n - 7, n - 7),
+            True,
+            (
+                "the last row of a short block is min(first + BLOCK_M, N_q) - 1, the `last` you "
+                "are given"
+            ),
+        ),
     ]
-    cases = [Case(label, (first, last, N_q, N_k, bn), kv_range(first, last, N_q, N_k, bn, causal=causal),
-                  hint=hint, kwargs={"causal": causal}, check=_same_ints)
-             for label, (first, last, N_q, N_k), causal, hint in specs]
+    cases = [
+        Case(
+            label,
+            (first, last, N_q, N_k, bn),
+            kv_range(first, last, N_q, N_k, bn, causal=causal),
+            hint=hint,
+            kwargs={"causal": causal},
+            check=_same_ints,
+        )
+        for label, (first, last, N_q, N_k), causal, hint in specs
+    ]
     return grade("kv_block_range", fn, cases, solution_name=kv_block_range.solution_name, out=out)

@@ -1,11 +1,14 @@
-"""Graders for notebooks/07_triton_backward.ipynb: the backward's preprocess, and P rebuilt from lse.
+"""Graders for notebooks/07_triton_backward.ipynb: the backward's preprocess, and P rebuilt from
+lse.
 
-Exercise 7.1 asks for the Triton kernel of D = rowsum(dO * O), the first of the three backward launches;
-exercise 7.2 for a Triton kernel that rebuilds a tile of P = exp(S - lse) from the forward's log-sum-exp, as
-the dK/dV and dQ kernels do. Each case draws fresh ragged sizes and targets one mistake: products summed in
-fp16, a grid that misses the ragged last rows, the (batch, head) offset forgotten, exp2 used without folding
-in log2(e), the scale forgotten, NaN on rows that see no key, the causal offset top-left.
+Exercise 7.1 asks for the Triton kernel of D = rowsum(dO * O), the first of the three backward
+launches; exercise 7.2 for a Triton kernel that rebuilds a tile of P = exp(S - lse) from the
+forward's log-sum-exp, as the dK/dV and dQ kernels do. Each case draws fresh ragged sizes and
+targets one mistake: products summed in fp16, a grid that misses the ragged last rows, the (batch,
+head) offset forgotten, exp2 used without folding in log2(e), the scale forgotten, NaN on rows that
+see no key, the causal offset top-left.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,58 +23,136 @@ __all__ = ["bwd_preprocess", "recompute_probabilities"]
 
 @grader("flashedu.triton_backward.preprocess")
 def bwd_preprocess(fn, *, seed=None, out=print):
-    """Grade `fn(o, do) -> delta`: o and do (B, H, N, d) float16 tensors; delta (B, H, N) float32 with
-    delta[b, h, i] = sum_k do[b, h, i, k] * o[b, h, i, k], products and sum in float32. A Triton kernel with
-    one program per block of rows of one (batch, head)."""
+    """Grade `fn(o, do) -> delta`: o and do (B, H, N, d) float16 tensors; delta (B, H, N) float32
+    with delta[b, h, i] = sum_k do[b, h, i, k] * o[b, h, i, k], products and sum in float32. A
+    Triton kernel with one program per block of rows of one (batch, head)."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     specs = [  # (label, (B, H, N, d), input scale, hint)
-        ("one block of rows", (1, 1, r(2, 15), 32), 1.0, "delta_i = sum over d of do_i * o_i, one number per row"),
-        ("ragged N", (1, 1, 16 * r(2, 4) + r(1, 15), 32), 1.0,
-         "launch cdiv(N, BLOCK) programs and mask the rows past N in the loads and the store"),
-        ("B=2, H=3", (2, 3, r(17, 40), 16), 1.0,
-         "offset each program by its (batch, head): program_id(1) picks the head, strides step to it"),
-        ("d=128, values near 8", (1, 2, r(17, 40), 128), 8.0,
-         "convert o and do to float32 before multiplying and summing: fp16 products and sums lose digits"),
+        (
+            "one block of rows",
+            (1, 1, r(2, 15), 32),
+            1.0,
+            "delta_i = sum over d of do_i * o_i, one number per row",
+        ),
+        (
+            "ragged N",
+            (1, 1, 16 * r(2, 4) + r(1, 15), 32),
+            1.0,
+            "launch cdiv(N, BLOCK) programs and mask the rows past N in the loads and the store",
+        ),
+        (
+            "B=2, H=3",
+            (2, 3, r(17, 40), 16),
+            1.0,
+            (
+                "offset each program by its (batch, head): program_id(1) picks the head, strides "
+                "step to it"
+            ),
+        ),
+        (
+            "d=128, values near 8",
+            (1, 2, r(17, 40), 128),
+            8.0,
+            (
+                "convert o and do to float32 before multiplying and summing: fp16 products and "
+                "sums lose digits"
+            ),
+        ),
     ]
     cases = []
     for label, (B, H, N, d), scale, hint in specs:
-        o, do, _ = random_qkv(B, H, N, N, d, "float16", seed=rng, kind="torch", device=device(), scale=scale)
+        o, do, _ = random_qkv(
+            B, H, N, N, d, "float16", seed=rng, kind="torch", device=device(), scale=scale
+        )
         expected = (o.double() * do.double()).sum(-1).cpu().numpy()
-        tol = Tolerance(2e-7 * d * scale**2, 1e-6)   # float32 rounding of a sum of d products of size scale^2
+        tol = Tolerance(
+            2e-7 * d * scale**2, 1e-6
+        )  # float32 rounding of a sum of d products of size scale^2
         cases.append(Case(label, (o, do), expected, hint=hint, tol=tol))
     return grade("bwd_preprocess", fn, cases, solution_name=bwd_preprocess.solution_name, out=out)
 
 
 @grader("flashedu.triton_intro.probabilities")
 def recompute_probabilities(fn, *, seed=None, out=print):
-    """Grade `fn(q, k, lse, *, causal=False) -> p`: q (N_q, d), k (N_k, d) float32 tensors of one head and the
-    forward's lse (N_q,) float32 (natural log); p (N_q, N_k) = exp(q k^T / sqrt(d) - lse), 0 where query i may
-    not see key j (causal bottom-right) and on rows with lse = -inf. A Triton kernel, one program per tile."""
+    """Grade `fn(q, k, lse, *, causal=False) -> p`: q (N_q, d), k (N_k, d) float32 tensors of one
+    head and the forward's lse (N_q,) float32 (natural log); p (N_q, N_k) =
+    exp(q k^T / sqrt(d) - lse), 0 where query i may not see key j (causal bottom-right) and on rows
+    with lse = -inf. A Triton kernel, one program per tile."""
     import torch
 
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     n_q, n_k = 16 * r(2, 3) + r(1, 15), 16 * r(2, 4) + r(1, 15)
     specs = [  # (label, (N_q, N_k, d), causal, input scale, hint)
-        ("one tile", (r(2, 12), r(2, 12), 16), False, 1.0,
-         "p = exp(s - lse) with s = q k^T / sqrt(d); each row of p then sums to 1"),
-        (f"ragged N_q={n_q}, N_k={n_k}", (n_q, n_k, 32), False, 1.0,
-         "exp(x) = exp2(x * log2(e)): fold log2(e) into both s and lse before tl.math.exp2"),
-        ("d=64: scale 1/sqrt(d)", (r(17, 40), r(17, 40), 64), False, 1.0,
-         "the scores of the forward were scaled by 1/sqrt(d): recompute them the same way"),
-        (f"causal, N_q={n_q} < N_k={n_k + n_q}", (n_q, n_k + n_q, 32), True, 1.0,
-         "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned); masked p is 0"),
-        (f"causal, N_q={n_k + 5} > N_k={n_k}", (n_k + 5, n_k, 16), True, 1.0,
-         "rows with lse = -inf see no key: set p to 0 with tl.where after the exp, or exp2(-inf + inf) is NaN"),
-        ("logits near 100", (n_q, n_k, 32), False, 6.0,
-         "subtract lse inside the exponent: exp(s) alone overflows float32"),
+        (
+            "one tile",
+            (r(2, 12), r(2, 12), 16),
+            False,
+            1.0,
+            "p = exp(s - lse) with s = q k^T / sqrt(d); each row of p then sums to 1",
+        ),
+        (
+            f"ragged N_q={n_q}, N_k={n_k}",
+            (n_q, n_k, 32),
+            False,
+            1.0,
+            "exp(x) = exp2(x * log2(e)): fold log2(e) into both s and lse before tl.math.exp2",
+        ),
+        (
+            "d=64: scale 1/sqrt(d)",
+            (r(17, 40), r(17, 40), 64),
+            False,
+            1.0,
+            "the scores of the forward were scaled by 1/sqrt(d): recompute them the same way",
+        ),
+        (
+            f"causal, N_q={n_q} < N_k={n_k + n_q}",
+            (n_q, n_k + n_q, 32),
+            True,
+            1.0,
+            (
+                "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned); "
+                "masked p is 0"
+            ),
+        ),
+        (
+            f"causal, N_q={n_k + 5} > N_k={n_k}",
+            (n_k + 5, n_k, 16),
+            True,
+            1.0,
+            (
+                "rows with lse = -inf see no key: set p to 0 with tl.where after the exp, or "
+                "exp2(-inf + inf) is NaN"
+            ),
+        ),
+        (
+            "logits near 100",
+            (n_q, n_k, 32),
+            False,
+            6.0,
+            "subtract lse inside the exponent: exp(s) alone overflows float32",
+        ),
     ]
     cases = []
     for label, (N_q, N_k, d), causal, scale, hint in specs:
         q, k, _ = one_head(rng, N_q, N_k, d, scale=scale)
         p, lse = reference.probabilities(q[None, None].cpu(), k[None, None].cpu(), causal=causal)
         lse32 = torch.from_numpy(lse[0, 0]).to(device=q.device, dtype=torch.float32)
-        cases.append(Case(label, (q, k, lse32), np.asarray(p[0, 0]), hint=hint, kwargs={"causal": causal},
-                          tol=Tolerance(1e-5, 1e-4)))
-    return grade("recompute_probabilities", fn, cases, solution_name=recompute_probabilities.solution_name, out=out)
+        cases.append(
+            Case(
+                label,
+                (q, k, lse32),
+                np.asarray(p[0, 0]),
+                hint=hint,
+                kwargs={"causal": causal},
+                tol=Tolerance(1e-5, 1e-4),
+            )
+        )
+    return grade(
+        "recompute_probabilities",
+        fn,
+        cases,
+        solution_name=recompute_probabilities.solution_name,
+        out=out,
+    )
