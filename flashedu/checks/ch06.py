@@ -13,13 +13,17 @@ kernels run on the GPU when there is one, else on CPU through the Triton interpr
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from .. import masks
 from ..testing import Tolerance, random_qkv
+from ..triton_exercises import launch_forward
 from ..triton_intro import kv_range
+from . import _attn_variants, _kernel_cases, _triton, _triton_judge
 from ._core import Case, grade, grader, rng_for
 
-__all__ = ["triton_scores", "kv_block_range"]
+__all__ = ["triton_scores", "kv_block_range", "triton_forward"]
 
 
 def device() -> str:
@@ -94,17 +98,38 @@ def triton_scores(fn, *, seed=None, out=print):
     cases = []
     for label, (N_q, N_k, d), causal, hint in specs:
         q, k, _ = one_head(rng, N_q, N_k, d)
+        expected = _scores64(q, k, causal)
+        tf32 = np.where(np.isinf(expected), expected, _scores_tf32(q, k))
         cases.append(
             Case(
                 label,
                 (q, k),
-                _scores64(q, k, causal),
+                expected,
                 hint=hint,
                 kwargs={"causal": causal},
-                tol=Tolerance(2e-5, 2e-5),
+                tol=SCORES_TOL,
+                check=lambda got, e, tf32=tf32: _check_scores(got, e, tf32),
             )
         )
-    return grade("triton_scores", fn, cases, solution_name=triton_scores.solution_name, out=out)
+    launched = _triton.launched(fn)
+    return grade(
+        "triton_scores", launched, cases, solution_name=triton_scores.solution_name, out=out
+    )
+
+
+SCORES_TOL = Tolerance(2e-5, 2e-5)
+
+
+def _scores_tf32(q, k) -> np.ndarray:
+    q64, k64 = (_attn_variants.tf32(x.double().cpu().numpy()) for x in (q, k))
+    return q64 @ k64.T / np.sqrt(q.shape[-1])
+
+
+def _check_scores(got, expected, tf32) -> tuple[bool, str]:
+    ok, detail, _ = _triton_judge.compare("s", got, expected, SCORES_TOL)
+    if not ok and _triton_judge.tf32_sized(got, tf32, expected, SCORES_TOL):
+        return False, f"{detail}: {_attn_variants.TF32}"
+    return ok, detail
 
 
 def _same_ints(got, expected) -> tuple[bool, str]:
@@ -195,3 +220,47 @@ def kv_block_range(fn, *, seed=None, out=print):
         for label, (first, last, N_q, N_k), causal, hint in specs
     ]
     return grade("kv_block_range", fn, cases, solution_name=kv_block_range.solution_name, out=out)
+
+
+# ------------------------------------------------------------------ exercise 6.3: the whole kernel
+
+
+@grader("flashedu.triton_solutions.flash_forward_kernel")
+def triton_forward(kernel, *, seed=None, out=print):
+    """Grade exercise 6.3, the whole FlashAttention-2 forward kernel: `kernel` is a @triton.jit
+    function with the skeleton's signature, launched by `triton_exercises.launch_forward` (or a
+    Python function `fn(q, k, v, *, causal=False) -> (o, lse)` that launches kernels of its own).
+    Stages: N a block multiple, ragged N, causal N_q < N_k, rows that see no key, GQA, float16;
+    each against float64, and under the interpreter the bytes moved against FA2's."""
+    rng = rng_for(seed)
+    cases = [_kernel_cases.ForwardCase(rng, *spec) for spec in _kernel_cases.forward_specs(rng)]
+    call, graded = _kernel_cases.graded(kernel, cases)
+    report = grade(
+        "triton_forward", call, graded, solution_name=triton_forward.solution_name, out=out
+    )
+    if report.passed:
+        _time_forward(kernel, out)
+    return report
+
+
+def _time_forward(kernel, out) -> None:
+    """On a GPU: the learner's forward beside flashedu's and PyTorch's SDPA (information only)."""
+    if not torch.cuda.is_available():
+        return
+    from .. import triton_attention
+
+    q, k, v = (torch.randn(4, 16, 4096, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    yours = (
+        (lambda: launch_forward(kernel, q, k, v, causal=True))
+        if _triton.is_kernel(kernel)
+        else (lambda: kernel(q, k, v, causal=True))
+    )
+    _triton.gpu_timing(
+        "forward, B=4 H=16 N=4096 d=64 fp16 causal",
+        {
+            "your kernel": yours,
+            "flashedu": lambda: triton_attention.forward(q, k, v, causal=True),
+            "SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        },
+        out=out,
+    )
