@@ -53,6 +53,10 @@ EMPTY_ROWS = (
     "rows that see no key (causal, N_q > N_k) need o = 0 and lse = -inf: there l = 0 and the row "
     "max stays -inf, so guard both (use 0 for m in the exponent, 1 for l in the division)"
 )
+EMPTY_ROWS_BWD = (
+    "rows that see no key have lse = -inf, so exp(s - lse) is inf there: set P to 0 with "
+    "tl.where wherever the mask hides a key (their gradients are 0)"
+)
 TF32 = (
     "a TF32-sized error: on a GPU tl.dot rounds float32 inputs to TF32 (10-bit mantissa) unless "
     "told otherwise; pass input_precision=PRECISION (the launcher gives 'ieee' for float32) to "

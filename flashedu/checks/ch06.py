@@ -233,7 +233,8 @@ def triton_forward(kernel, *, seed=None, out=print):
     Stages: N a block multiple, ragged N, causal N_q < N_k, rows that see no key, GQA, float16;
     each against float64, and under the interpreter the bytes moved against FA2's."""
     rng = rng_for(seed)
-    cases = [_kernel_cases.ForwardCase(rng, *spec) for spec in _kernel_cases.forward_specs(rng)]
+    specs = _kernel_cases.stage_specs(rng, _kernel_cases.FORWARD_HINTS)
+    cases = [_kernel_cases.ForwardCase(rng, *spec) for spec in specs]
     call, graded = _kernel_cases.graded(kernel, cases)
     report = grade(
         "triton_forward", call, graded, solution_name=triton_forward.solution_name, out=out

@@ -3,7 +3,9 @@ lse.
 
 Exercise 7.1 asks for the Triton kernel of D = rowsum(dO * O), the first of the three backward
 launches; exercise 7.2 for a Triton kernel that rebuilds a tile of P = exp(S - lse) from the
-forward's log-sum-exp, as the dK/dV and dQ kernels do. Each case draws fresh ragged sizes and
+forward's log-sum-exp, as the dK/dV and dQ kernels do; exercises 7.3 and 7.4 for the whole dK/dV
+and dQ kernels, graded in stages like 6.3 (see `_kernel_cases`), against the float64 gradients
+and, under the interpreter, the bytes FA2 moves. Each case draws fresh ragged sizes and
 targets one mistake: products summed in fp16, a grid that misses the ragged last rows, the (batch,
 head) offset forgotten, exp2 used without folding in log2(e), the scale forgotten, NaN on rows that
 see no key, the causal offset top-left.
@@ -12,13 +14,16 @@ see no key, the causal offset top-left.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .. import reference
 from ..testing import Tolerance, random_qkv
+from ..triton_exercises import launch_dkdv, launch_dq
+from . import _kernel_cases, _triton
 from ._core import Case, grade, grader, rng_for
 from .ch06 import device, one_head
 
-__all__ = ["bwd_preprocess", "recompute_probabilities"]
+__all__ = ["bwd_preprocess", "recompute_probabilities", "triton_dkdv", "triton_dq"]
 
 
 @grader("flashedu.triton_backward.preprocess")
@@ -70,7 +75,13 @@ def bwd_preprocess(fn, *, seed=None, out=print):
             2e-7 * d * scale**2, 1e-6
         )  # float32 rounding of a sum of d products of size scale^2
         cases.append(Case(label, (o, do), expected, hint=hint, tol=tol))
-    return grade("bwd_preprocess", fn, cases, solution_name=bwd_preprocess.solution_name, out=out)
+    return grade(
+        "bwd_preprocess",
+        _triton.launched(fn),
+        cases,
+        solution_name=bwd_preprocess.solution_name,
+        out=out,
+    )
 
 
 @grader("flashedu.triton_intro.probabilities")
@@ -151,8 +162,79 @@ def recompute_probabilities(fn, *, seed=None, out=print):
         )
     return grade(
         "recompute_probabilities",
-        fn,
+        _triton.launched(fn),
         cases,
         solution_name=recompute_probabilities.solution_name,
+        out=out,
+    )
+
+
+# ------------------------------------------------------- exercises 7.3 and 7.4: the whole kernels
+
+
+def _grade_backward(kind: str, name: str, kernel, seed, out, solution_name):
+    rng = rng_for(seed)
+    hints = _kernel_cases.DQ_HINTS if kind == "dq" else _kernel_cases.DKDV_HINTS
+    specs = _kernel_cases.stage_specs(rng, hints)
+    cases = [_kernel_cases.BackwardCase(kind, rng, *spec) for spec in specs]
+    call, graded = _kernel_cases.graded(kernel, cases)
+    report = grade(name, call, graded, solution_name=solution_name, out=out)
+    if report.passed:
+        _time_backward(kind, kernel, out)
+    return report
+
+
+@grader("flashedu.triton_solutions.dkdv_kernel")
+def triton_dkdv(kernel, *, seed=None, out=print):
+    """Grade exercise 7.3, the dK/dV kernel of the FlashAttention-2 backward: `kernel` is a
+    @triton.jit function with the skeleton's signature, launched by
+    `triton_exercises.launch_dkdv` (or a Python function `fn(do, q, k, v, lse, delta, *,
+    causal=False) -> (dk, dv)` that launches kernels of its own). lse comes from the forward and
+    delta = rowsum(do * o). Stages as in 6.3; each against the float64 gradients, and under the
+    interpreter the bytes moved against FA2's."""
+    return _grade_backward("dkdv", "triton_dkdv", kernel, seed, out, triton_dkdv.solution_name)
+
+
+@grader("flashedu.triton_solutions.dq_kernel")
+def triton_dq(kernel, *, seed=None, out=print):
+    """Grade exercise 7.4, the dQ kernel of the FlashAttention-2 backward: `kernel` is a
+    @triton.jit function with the skeleton's signature, launched by `triton_exercises.launch_dq`
+    (or a Python function `fn(do, q, k, v, lse, delta, *, causal=False) -> dq` that launches
+    kernels of its own). Stages as in 6.3; each against the float64 gradient, and under the
+    interpreter the bytes moved against FA2's."""
+    return _grade_backward("dq", "triton_dq", kernel, seed, out, triton_dq.solution_name)
+
+
+def _time_backward(kind: str, kernel, out) -> None:
+    """On a GPU: the learner's dK/dV or dQ kernel beside flashedu's whole backward and PyTorch's
+    (information only: the two whole backwards also run the preprocess and the other kernel)."""
+    if not torch.cuda.is_available():
+        return
+    from .. import triton_attention
+
+    shape = (4, 16, 4096, 64)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(4))
+    o, lse = triton_attention.forward(q, k, v, causal=True)
+    delta = (o.float() * do.float()).sum(-1)
+    args = (do, q, k, v, lse, delta)
+    launch = launch_dq if kind == "dq" else launch_dkdv
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+
+    def yours():
+        if _triton.is_kernel(kernel):
+            return launch(kernel, *args, causal=True)
+        return kernel(*args, causal=True)
+
+    _triton.gpu_timing(
+        f"your {'dQ' if kind == 'dq' else 'dK/dV'} kernel beside whole backwards, B=4 H=16 "
+        "N=4096 d=64 fp16 causal",
+        {
+            "your kernel": yours,
+            "flashedu backward": lambda: triton_attention.backward(
+                do, q, k, v, o, lse, causal=True
+            ),
+            "SDPA backward": lambda: torch.autograd.grad(sdpa, (qg, kg, vg), do, retain_graph=True),
+        },
         out=out,
     )
