@@ -42,7 +42,7 @@ def stage_specs(rng, hints: dict, bs: int = BLOCK) -> list[tuple]:
          "float32", True, "empty"),
         (f"GQA 4 heads on 2, causal, N_q={rq}, N_k={rk}", (1, 4, 2, rq, rk, 32), "float32", True,
          "gqa"),
-        (f"float16, GQA 4 on 1, causal, N_q={rk}, N_k={rq}", (1, 4, 1, rk, rq, 64), "float16",
+        (f"float16, GQA 4 on 1, causal, N_q={rk}, N_k={rq}", (1, 4, 1, rk, rq, 32), "float16",
          True, "fp16"),
     ]  # fmt: skip
     return [
