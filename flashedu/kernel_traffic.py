@@ -160,6 +160,7 @@ class Measurement:
         self._thread = threading.get_ident()
         self._current: list[Ledger] = []
         self._pid = (0, 0, 0)
+        self._addrs: dict[tuple, list[np.ndarray]] = {}  # (launch, pid, tensor, dir) -> addresses
 
     def traffic(self) -> Traffic:
         """Bytes by tensor and direction, the form the closed forms of `flashedu.traffic` return."""
@@ -167,6 +168,25 @@ class Measurement:
 
     def table(self) -> str:
         return self.traffic().table()
+
+    def reuse(self, tensor: str, direction: str = "read") -> tuple[float, float, int]:
+        """(within, across, programs) for one tensor: how many times a program moved each element
+        it touched, on average; how many programs touched each element, on average; and how
+        many programs touched the tensor. A FlashAttention-2 forward reads K with within = 1 and
+        across = the number of query blocks; a kernel that re-reads Q per key block has within =
+        the number of key blocks."""
+        moved = distinct = 0
+        union = []
+        for (_, _, name, dn), chunks in self._addrs.items():
+            if (name, dn) == (tensor, direction):
+                every = np.concatenate(chunks)
+                mine = np.unique(every)
+                moved, distinct = moved + every.size, distinct + mine.size
+                union.append(mine)
+        if not union:
+            return 0.0, 0.0, 0
+        total = np.unique(np.concatenate(union)).size
+        return moved / distinct, distinct / total, len(union)
 
     def __enter__(self) -> Measurement:
         _start(self)
@@ -196,9 +216,11 @@ class Measurement:
             merged.step(kernel=name, launch=launch, program=pid)
             self._current += [own, merged]
 
-    def _access(self, tensor: str, direction: str, nbytes: int, region) -> None:
+    def _access(self, tensor: str, direction: str, nbytes: int, region, addrs) -> None:
         access = Access(len(self.launches) - 1, self._pid, tensor, direction, nbytes, region)
         self.accesses.append(access)
+        key = (access.launch, self._pid, tensor, direction)
+        self._addrs.setdefault(key, []).append(addrs)
         for ledger in self._current:
             (ledger.read if access.direction == "read" else ledger.write)(
                 access.tensor, access.nbytes
@@ -354,14 +376,14 @@ def _record(ptrs, mask, directions) -> None:
     addrs, keep = np.broadcast_arrays(addrs, keep)
     addrs = np.unique(addrs[keep].astype(np.uint64))
     item = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-    for name, n, region in _charge(addrs, getattr(_local, "tensors", [])):
+    for name, n, region, mine in _charge(addrs, getattr(_local, "tensors", [])):
         for direction in directions:
             for m in ms:
-                m._access(name, direction, n * item, region)
+                m._access(name, direction, n * item, region, mine)
 
 
 def _charge(addrs: np.ndarray, tensors: list[TensorInfo]):
-    """[(tensor name, elements, region)] for a set of distinct addresses."""
+    """[(tensor name, elements, region, addresses)] for a set of distinct addresses."""
     left = np.ones(addrs.size, bool)
     out = []
     for t in tensors:
@@ -372,10 +394,10 @@ def _charge(addrs: np.ndarray, tensors: list[TensorInfo]):
         if inside.any():
             idx = index[inside]
             region = tuple((int(a), int(b) + 1) for a, b in zip(idx.min(0), idx.max(0)))
-            out.append((t.name, int(inside.sum()), region))
+            out.append((t.name, int(inside.sum()), region, addrs[inside]))
             left &= ~inside
     if left.any():
-        out.append((UNKNOWN, int(left.sum()), ()))
+        out.append((UNKNOWN, int(left.sum()), (), addrs[left]))
     return out
 
 
@@ -400,46 +422,47 @@ def compare(measured, model: Traffic, *, axis_names: tuple[str, ...] = ()) -> li
     """Per tensor and direction, where `measured` (a Measurement, Ledger or Traffic) moves other
     bytes than `model` (a Traffic from the closed forms); [] when they agree byte for byte.
 
-    With a Measurement the text counts how many times each tensor was moved ("your kernel read K
-    4 times (16,384 B of a 4,096 B tensor); the model reads it once") and, when that count is the
-    number of programs along a grid axis, names it: "once per program along grid axis 0", or
-    "once per query block" with axis_names=("query block", ...)."""
+    With a Measurement the text counts how many times the tensor was moved and says why, from the
+    addresses each program touched: "your kernel read Q twice (8,192 B of a 4,096 B tensor); the
+    model reads it once: each program loaded the same elements of Q 2 times", or, for a tensor
+    shared by programs, "... once per program along grid axis 0" (name the axes with
+    axis_names=("query block", "batch x head") to read "once per query block")."""
     m = measured.traffic() if hasattr(measured, "traffic") else measured
-    info = getattr(measured, "tensors", {})
-    grids = [g for _, g in getattr(measured, "launches", [])]
     out = []
     pairs = (("read", m.reads, model.reads), ("write", m.writes, model.writes))
     for direction, mine, theirs in pairs:
         for name in sorted(set(mine) | set(theirs), key=tensor_order):
             a, b = mine.get(name, 0), theirs.get(name, 0)
             if a != b:
-                size = info[name].nbytes if name in info else 0
-                text = _explain(name, direction, a, b, size, grids, axis_names)
+                text = _explain(measured, name, direction, a, b, axis_names)
                 out.append(Difference(name, direction, a, b, text))
     return out
 
 
-def _times(n: int, size: int) -> str:
-    t = n / size
-    word = "once" if t == 1 else "twice" if t == 2 else f"{t:g} times"
-    return word if t == int(t) else f"{t:.2f} times"
+def _times(t: float) -> str:
+    if t == int(t):
+        return {1: "once", 2: "twice"}.get(int(t), f"{int(t)} times")
+    return f"{t:.2f} times"
 
 
-def _explain(name, direction, a, b, size, grids, axis_names) -> str:
+def _explain(measured, name, direction, a, b, axis_names) -> str:
     verb, verb_model = ("read", "reads") if direction == "read" else ("wrote", "writes")
+    info = getattr(measured, "tensors", {}).get(name)
     if not a:
         return f"your kernel never {verb} {name}; the model {verb_model} {b:,} B of it"
-    if not size:
+    if info is None or not info.nbytes:
         return f"your kernel {verb} {name} {a:,} B; the model {verb_model} {b:,} B"
-    text = f"your kernel {verb} {name} {_times(a, size)} ({a:,} B of a {size:,} B tensor)"
-    text += f"; the model {verb_model} it {_times(b, size)}" if b else "; the model never moves it"
-    t = a / size
-    for grid in grids:
+    size = info.nbytes
+    text = f"your kernel {verb} {name} {_times(a / size)} ({a:,} B of a {size:,} B tensor)"
+    text += f"; the model {verb_model} it {_times(b / size)}" if b else "; the model never moves it"
+    within, across, _ = measured.reuse(name, direction)
+    if within > 1:
+        return f"{text}: each program {verb} the same elements of {name} {_times(within)}"
+    for grid in (g for _, g in measured.launches):
         for axis, n in enumerate(grid):
-            if n > 1 and t == n:
+            if n > 1 and across == n:
                 what = axis_names[axis] if axis < len(axis_names) else ""
-                what = what or f"program along grid axis {axis}"
-                return f"{text}: once per {what}"
+                return f"{text}: once per {what or f'program along grid axis {axis}'}"
     return text
 
 

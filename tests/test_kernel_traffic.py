@@ -142,3 +142,166 @@ def test_a_measurement_sees_only_its_own_threads_kernels():
         t.join()
     assert m.traffic().reads == {"x_ptr": 2 * 16 * 4}
     assert seen["other"] == {"x_ptr": 16 * 4}
+
+
+# ------------------------------------------------------------ the package's kernels == the model
+
+SHAPES = [  # (B, H, N_q, N_k, d, causal): ragged, causal both ways, N_q != N_k
+    (1, 2, 37, 53, 32, False),
+    (1, 2, 37, 53, 32, True),
+    (2, 1, 53, 37, 16, True),
+    (1, 2, 64, 64, 16, True),
+]
+
+
+def _forward_and_backward(B, H, N_q, N_k, d, causal, H_kv=None, dtype=torch.float16):
+    q, k, v = _qkv(B, H, N_q, N_k, d, dtype)
+    if H_kv:
+        k, v = k[:, :H_kv].contiguous(), v[:, :H_kv].contiguous()
+    blocks = dict(block_m=16, block_n=16)
+    with traffic.measure() as fwd:
+        o, lse = triton_attention.forward(q, k, v, causal=causal, **blocks)
+    do = torch.randn_like(q)
+    with traffic.measure() as bwd:
+        triton_attention.backward(do, q, k, v, o, lse, causal=causal, **blocks)
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("B,H,N_q,N_k,d,causal", SHAPES)
+def test_triton_forward_and_backward_move_the_models_bytes(B, H, N_q, N_k, d, causal):
+    fwd, bwd = _forward_and_backward(B, H, N_q, N_k, d, causal)
+    kw = dict(block_m=16, block_n=16, causal=causal)
+    model = traffic.flash_forward(B, H, N_q, N_k, d, **kw)
+    extra = traffic.triton_forward_extra(B, H, N_q, N_k, d, **kw)
+    assert fwd.traffic() == traffic.combine(model, extra), traffic.compare(fwd, model)
+    back = traffic.flash_backward(B, H, N_q, N_k, d, variant="two_pass", **kw)
+    assert bwd.traffic() == back, traffic.compare(bwd, back)
+    assert [name for name, _ in bwd.launches] == ["_attn_bwd_preprocess", "_attn_bwd_dkdv"] + [
+        "_attn_bwd_dq"
+    ]
+
+
+def test_the_one_difference_is_q_of_query_blocks_that_see_no_key():
+    """Causal N_q > N_k: rows 0..15 of 53 see no key of 37, and the Triton forward still loads
+    that Q block (to write its zero output); the NumPy tiled forward and the model do not."""
+    B, H, N_q, N_k, d = 1, 2, 53, 37, 16
+    fwd, _ = _forward_and_backward(B, H, N_q, N_k, d, True)
+    model = traffic.flash_forward(B, H, N_q, N_k, d, block_m=16, block_n=16, causal=True)
+    (diff,) = traffic.compare(fwd, model)
+    assert (diff.tensor, diff.direction) == ("Q", "read")
+    assert diff.measured - diff.model == 16 * B * H * d * 2  # one hidden block of 16 rows
+    extra = traffic.triton_forward_extra(B, H, N_q, N_k, d, block_m=16, block_n=16, causal=True)
+    assert extra.reads == {"Q": diff.measured - diff.model}
+
+
+def test_gqa_backward_reads_each_kv_head_once_per_pass():
+    B, H, H_kv, N, d = 1, 4, 2, 40, 16
+    _, bwd = _forward_and_backward(B, H, N, N, d, True, H_kv=H_kv)
+    back = traffic.flash_backward(
+        B, H, N, N, d, block_m=16, block_n=16, causal=True, H_kv=H_kv, variant="two_pass"
+    )
+    assert bwd.traffic() == back, traffic.compare(bwd, back)
+
+
+def test_the_atomic_and_two_pass_backwards_differ_where_the_docstring_says():
+    kw = dict(block_m=16, block_n=16)
+    atomic = traffic.flash_backward(1, 1, 64, 64, 16, **kw)
+    two = traffic.flash_backward(1, 1, 64, 64, 16, variant="two_pass", **kw)
+    row = 16 * 2
+    assert two.reads["Q"] - atomic.reads["Q"] == 64 * row  # the dQ pass reads Q once more
+    assert two.reads["K"] == 64 * row + 4 * 64 * row  # once in the dK/dV pass, 4x in the dQ pass
+    assert "dQ" not in two.reads and two.writes["dQ"] == 64 * row  # no accumulator
+    with pytest.raises(ValueError, match="variant must be one of"):
+        traffic.flash_backward(1, 1, 64, 64, 16, variant="atomics", **kw)
+
+
+# ---------------------------------------------------- planted kernels: the bytes give them away
+
+
+@triton.jit
+def _planted_fwd(
+    Q, K, V, O, S, N_q, N_k, scale,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    STORE_S: tl.constexpr, RELOAD_Q: tl.constexpr,
+):  # fmt: skip
+    """A plain FA2 forward over (B*H, N, D) tensors, N a multiple of the blocks, with two planted
+    wastes: STORE_S writes every score tile to HBM, RELOAD_Q loads q_i again for every key block."""
+    i, bh = tl.program_id(0), tl.program_id(1)
+    rows, dims = i * BM + tl.arange(0, BM), tl.arange(0, D)
+    q_ptrs = Q + bh * N_q * D + rows[:, None] * D + dims[None, :]
+    q = tl.load(q_ptrs)
+    m = tl.full([BM], -float("inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    for start in range(0, N_k, BN):
+        cols = start + tl.arange(0, BN)
+        if RELOAD_Q:
+            q = tl.load(q_ptrs)
+        k = tl.load(K + bh * N_k * D + cols[:, None] * D + dims[None, :])
+        s = tl.dot(q, tl.trans(k)) * scale
+        if STORE_S:
+            tl.store(S + bh * N_q * N_k + rows[:, None] * N_k + cols[None, :], s)
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + bh * N_k * D + cols[:, None] * D + dims[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(O + bh * N_q * D + rows[:, None] * D + dims[None, :], acc / l_i[:, None])
+
+
+def _planted(store_s=False, reload_q=False, N_q=64, N_k=32, d=16, BH=2):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(BH, n, d, generator=g) for n in (N_q, N_k, N_k))
+    o, s = torch.empty_like(q), torch.empty(BH, N_q, N_k)
+    with traffic.measure() as m:
+        _planted_fwd[(N_q // 16, BH)](
+            q, k, v, o, s, N_q, N_k, d**-0.5, D=d, BM=16, BN=16, STORE_S=store_s, RELOAD_Q=reload_q
+        )
+    ref = torch.softmax(q @ k.transpose(1, 2) * d**-0.5, -1) @ v
+    torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
+    model = traffic.flash_forward(1, BH, N_q, N_k, d, block_m=16, block_n=16, itemsize=4)
+    model = traffic.Traffic(model.reads, {"O": model.writes["O"]})  # this kernel keeps no lse
+    return m, model
+
+
+def test_a_clean_kernel_moves_exactly_the_fa2_bytes():
+    m, model = _planted()
+    assert traffic.compare(m, model) == []
+    assert m.reuse("K") == (1.0, 4.0, 8)  # each program reads its K once; 4 query blocks share it
+    assert m.reuse("Q") == (1.0, 1.0, 8)
+
+
+def test_a_kernel_that_stores_s_is_caught_in_bytes():
+    m, model = _planted(store_s=True)
+    (diff,) = traffic.compare(m, model)
+    assert (diff.tensor, diff.direction, diff.model) == ("S", "write", 0)
+    assert diff.measured == 2 * 64 * 32 * 4  # all of S, once
+    assert str(diff) == (
+        "your kernel wrote S once (16,384 B of a 16,384 B tensor); the model never moves it"
+    )
+
+
+def test_a_kernel_that_rereads_q_per_key_block_is_caught_in_bytes():
+    m, model = _planted(reload_q=True)
+    (diff,) = traffic.compare(m, model)
+    assert (diff.tensor, diff.direction) == ("Q", "read")
+    assert diff.measured == 3 * diff.model  # once before the loop, then once per key block (2)
+    assert str(diff) == (
+        "your kernel read Q 3 times (24,576 B of a 8,192 B tensor); the model reads it once: "
+        "each program read the same elements of Q 3 times"
+    )
+
+
+def test_compare_names_the_grid_axis_a_tensor_is_reread_along():
+    m, _ = _planted()
+    once = traffic.Traffic({"Q": 8192, "K": 4096, "V": 4096}, {"O": 8192})
+    (k, v) = traffic.compare(m, once, axis_names=("query block", "batch x head"))
+    assert str(k) == (
+        "your kernel read K 4 times (16,384 B of a 4,096 B tensor); the model reads it once: "
+        "once per query block"
+    )
+    assert v.tensor == "V"
+    (k, _) = traffic.compare(m, once)
+    assert str(k).endswith(": once per program along grid axis 0")
