@@ -81,6 +81,14 @@ def check_qkv(
     return B, H, H_kv, N_q, N_k, d
 
 
+def check_causal(causal, *, name: str = "attention") -> bool:
+    """`causal` must be a bool (or NumPy's bool): a string such as "False" is truthy, so it is
+    refused rather than read as True."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{name}: causal must be a bool, got {type(causal).__name__} {causal!r}")
+    return bool(causal)
+
+
 def resolve_scale(softmax_scale, d: int, *, name: str = "attention") -> float:
     """`softmax_scale` or the default 1/sqrt(d); rejects non-finite or non-positive-real values."""
     if softmax_scale is None:
@@ -126,6 +134,33 @@ def check_window(window_size, *, name: str = "attention") -> tuple[int, int] | N
             f"{name}: window_size entries must be >= 0, or -1 for unbounded, got {window_size!r}"
         )
     return left, right
+
+
+def check_slopes(alibi_slopes, H: int, *, B: int | None = None, name: str = "attention"):
+    """None, or ALiBi slopes: finite numbers of shape (H,), one per query head, or with `B` given
+    also (B, H), one row per batch element. Accepts a sequence, a NumPy array or a torch tensor and
+    returns it unchanged."""
+    if alibi_slopes is None:
+        return None
+    shape = tuple(alibi_slopes.shape) if hasattr(alibi_slopes, "shape") else np.shape(alibi_slopes)
+    allowed = [(H,)] if B is None else [(H,), (B, H)]
+    if shape not in allowed:
+        expected = f"(H,) = ({H},)" + ("" if B is None else f" or (B, H) = ({B}, {H})")
+        raise ValueError(f"{name}: alibi_slopes must have shape {expected}, got {shape}")
+    if _is_torch(alibi_slopes):
+        import torch
+
+        finite = bool(torch.isfinite(alibi_slopes).all())
+    else:
+        try:
+            finite = bool(np.isfinite(np.asarray(alibi_slopes, dtype=np.float64)).all())
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{name}: alibi_slopes must be real numbers, got {alibi_slopes!r}"
+            ) from None
+    if not finite:
+        raise ValueError(f"{name}: alibi_slopes must be finite, got {alibi_slopes!r}")
+    return alibi_slopes
 
 
 def check_block(block: int, arg: str, *, name: str = "attention") -> int:

@@ -66,6 +66,11 @@ def attention(
     Returns:
         o: (B, H, N_q, d) in q's dtype; fully masked rows are 0 and get zero gradients.
     """
+    if not isinstance(impl, str):
+        raise TypeError(
+            f'attention: impl must be a str ("auto" or a registry name), got '
+            f"{type(impl).__name__} {impl!r}"
+        )
     if impl == "reference" or (impl != "auto" and impl not in IMPLEMENTATIONS):
         names = ["auto"] + sorted(n for n in IMPLEMENTATIONS if n != "reference")
         raise ValueError(
