@@ -114,7 +114,7 @@ def backward(
     Returns dq (B, H, N_q, d), dk, dv (B, H_kv, N_k, d) in q's dtype.
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="naive.backward", kind="numpy")
-    check_backward(do, o, lse, q, name="naive.backward")
+    check_backward(do, o, lse, q, name="naive.backward", kind="numpy")
     scale = resolve_scale(softmax_scale, d, name="naive.backward")
     window_size = check_window(window_size, name="naive.backward")
     causal = check_causal(causal, name="naive.backward")

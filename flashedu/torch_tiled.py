@@ -200,7 +200,7 @@ def backward(
         nothing.
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="torch_tiled.backward", kind="torch")
-    check_backward(do, o, lse, q, name="torch_tiled.backward")
+    check_backward(do, o, lse, q, name="torch_tiled.backward", kind="torch")
     scale = resolve_scale(softmax_scale, d, name="torch_tiled.backward")
     causal = check_causal(causal, name="torch_tiled.backward")
     block_m = check_block(block_m, "block_m", name="torch_tiled.backward")

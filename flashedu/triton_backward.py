@@ -659,14 +659,7 @@ def backward(
     dims, scale, bounds, slopes, stride_sb = check_inputs(
         q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
     )
-    check_backward(do, o, lse, q, name=name)
-    if lse.dtype != torch.float32:
-        raise TypeError(f"{name}: lse must be float32 (as forward returns it), got {lse.dtype}")
-    if not (do.device == o.device == lse.device == q.device):
-        raise ValueError(
-            f"{name}: do, o and lse must be on q's device {q.device}, got {do.device}, {o.device}, "
-            f"{lse.device}"
-        )
+    check_backward(do, o, lse, q, name=name, kind="torch")
     config = launch_config(block_m, block_n, num_warps, num_stages)
     return _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, config, config)
 
