@@ -107,7 +107,9 @@ def _is_real(x) -> bool:
     return getattr(x, "ndim", None) == 0 and ("float" in dtype or "int" in dtype)
 
 
-def resolve_scale(softmax_scale, d: int, *, name: str = "attention") -> float:
+def resolve_scale(
+    softmax_scale, d: int, *, name: str = "attention", arg: str = "softmax_scale"
+) -> float:
     """`softmax_scale` as a float, or the default 1/sqrt(d) for None.
 
     Anything but a real number (a string, a bool, a complex number, an array) is a TypeError and a
@@ -117,12 +119,12 @@ def resolve_scale(softmax_scale, d: int, *, name: str = "attention") -> float:
         return 1.0 / math.sqrt(d)
     if not _is_real(softmax_scale):
         raise TypeError(
-            f"{name}: softmax_scale must be a real number or None, got "
+            f"{name}: {arg} must be a real number or None, got "
             f"{type(softmax_scale).__name__} {softmax_scale!r}"
         )
     scale = float(softmax_scale)
     if not math.isfinite(scale):
-        raise ValueError(f"{name}: softmax_scale must be finite, got {softmax_scale!r}")
+        raise ValueError(f"{name}: {arg} must be finite, got {softmax_scale!r}")
     return scale
 
 
