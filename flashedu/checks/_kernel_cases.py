@@ -268,6 +268,21 @@ def graded(learner, cases: list) -> tuple:
         return case.run(learner, first=case is cases[0])
 
     return call, [
-        Case(c.label, (c,), None, check=lambda run, _, c=c: c.judge(run, kernel_path))
+        Case(
+            c.label,
+            (c,),
+            None,
+            check=lambda run, _, c=c: c.judge(run, kernel_path),
+            inputs=describe(c.shape, c.dtype),
+        )
         for c in cases
     ]
+
+
+def describe(s: _triton_bytes.Shape, dtype: str) -> str:
+    """How to reproduce a case: the shapes, dtype, causal and the launch's blocks."""
+    heads = f"H={s.H}" + (f", H_kv={s.H_kv}" if s.H_kv != s.H else "")
+    return (
+        f"B={s.B}, {heads}, N_q={s.N_q}, N_k={s.N_k}, d={s.d}, {dtype}, causal={s.causal}, "
+        f"blocks {s.block_m} x {s.block_n}"
+    )

@@ -53,9 +53,12 @@ _TOOLS = (
     "flashedu.checks",
     "flashedu.course",
     "flashedu.data",
+    "flashedu.kernel_traffic",  # traffic.measure's hooks run inside a graded kernel
+    "flashedu.ledger",
     "flashedu.nb",
     "flashedu.registry",
     "flashedu.testing",
+    "flashedu.triton_exercises",  # the launchers and given prologues of the kernel exercises
     "flashedu.viz",
     "flashedu.widgets",
 )

@@ -131,27 +131,29 @@ def judge_run(
     tf32: Callable[[], tuple] | None = None,
     own: Callable[[tuple], str] | None = None,
     hint: str = "",
-) -> tuple[bool, str]:
-    """(ok, detail) for one case; detail ends with the diagnosis (or the case's hint) when wrong."""
+) -> tuple[bool, str, str]:
+    """(ok, detail, diagnosis) for one case: the diagnosis names what is wrong (or is the case's
+    hint when nothing known matches); '' when the case passes."""
     got = run.outputs
     if len(got) != len(outs):
         names = ", ".join(o.name for o in outs)
-        return False, f"expected {len(outs)} results ({names}), got {len(got)}"
+        return False, f"{len(got)} results", f"return {len(outs)} results ({names})"
     if kernel_path:
         for g, o in zip(got, outs):
             problem = output_problem(g, o.model, o.rows)
             if problem:
-                return False, problem
+                return False, f"{o.name}: stores", problem
     measured = measured_traffic(run, {o.model: g for g, o in zip(got, outs)})
     if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
-        return False, _triton_bytes.judge(measured, budget, ())
+        return False, "bytes outside the tensors", _triton_bytes.judge(measured, budget, ())
     parts = [compare(o.name, g, o.expected, o.tol) for g, o in zip(got, outs)]
     text = "; ".join(t for _, t, _ in parts)
     if not all(ok for ok, _, _ in parts):
         why = (own(got) if own else "") or diagnose(got, outs, variants(), tf32() if tf32 else None)
-        return False, f"{text}: {why or hint}" if (why or hint) else text
+        return False, text, why or hint
     if measured is None:
-        return True, text
-    outputs = tuple(o.model for o in outs)
-    verdict = _triton_bytes.judge(measured, budget, outputs)
-    return (False, f"{text}; {verdict}") if verdict else (True, f"{text}; bytes as FA2 moves them")
+        return True, text, ""
+    verdict = _triton_bytes.judge(measured, budget, tuple(o.model for o in outs))
+    if verdict:
+        return False, f"{text}; bytes differ from FA2's", verdict
+    return True, f"{text}; bytes as FA2", ""

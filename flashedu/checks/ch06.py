@@ -125,11 +125,11 @@ def _scores_tf32(q, k) -> np.ndarray:
     return q64 @ k64.T / np.sqrt(q.shape[-1])
 
 
-def _check_scores(got, expected, tf32) -> tuple[bool, str]:
+def _check_scores(got, expected, tf32) -> tuple[bool, str, str]:
     ok, detail, _ = _triton_judge.compare("s", got, expected, SCORES_TOL)
     if not ok and _triton_judge.tf32_sized(got, tf32, expected, SCORES_TOL):
-        return False, f"{detail}: {_attn_variants.TF32}"
-    return ok, detail
+        return False, detail, _attn_variants.TF32
+    return ok, detail, ""
 
 
 def _same_ints(got, expected) -> tuple[bool, str]:
