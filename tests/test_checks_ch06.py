@@ -118,7 +118,7 @@ def test_triton_scores_rejects_shortcuts(fn, words):
         ("no scale", "1/sqrt(d)"),
         ("masked to 0", "not 0"),
         ("top-left", "bottom-right"),
-        ("grid floor", "cdiv(N_q, BLOCK_M)"),
+        ("grid floor", "the grid must round up"),
         ("tf32", "input_precision"),
     ],
 )

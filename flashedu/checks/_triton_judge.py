@@ -39,25 +39,34 @@ class Output:
 
 
 def compare(name: str, got, expected: np.ndarray, tol: Tolerance) -> tuple[bool, str, float]:
-    """(ok, text, max error) for one output against its float64 value; NaN and infinities named."""
-    g = to_numpy(got)
+    """(ok, text, max error) for one output against its float64 value; NaN and infinities named;
+    the text starts with `name: ` when a name is given."""
+    ok, text, worst = _compare(got, expected, tol)
+    return ok, (f"{name}: {text}" if name else text), worst
+
+
+def _compare(got, expected: np.ndarray, tol: Tolerance) -> tuple[bool, str, float]:
+    try:
+        g = to_numpy(got)
+    except (TypeError, ValueError, AttributeError):
+        return False, f"expected an array, got {type(got).__name__}", np.inf
     if g.shape != expected.shape:
-        return False, f"{name}: shape {g.shape}, expected {expected.shape}", np.inf
+        return False, f"shape {g.shape}, expected {expected.shape}", np.inf
     if np.isnan(g).any():
-        return False, f"{name}: {int(np.isnan(g).sum())} NaN entries", np.inf
+        return False, f"{int(np.isnan(g).sum())} NaN entries", np.inf
     bad_inf = np.isinf(g) != np.isinf(expected)
     if bad_inf.any() or (g[np.isinf(g)] != expected[np.isinf(g)]).any():
         n = int(bad_inf.sum())
         return (
             False,
-            f"{name}: {n} entries infinite where finite values belong (or the reverse)",
+            f"{n} entries infinite where finite values belong (or the reverse)",
             np.inf,
         )
     fin = np.isfinite(expected)
     err = np.abs(g[fin] - expected[fin])
     ok = bool(np.all(err <= tol.atol + tol.rtol * np.abs(expected[fin])))
     worst = float(err.max(initial=0.0))
-    return ok, f"{name}: max|diff|={worst:.1e}", worst
+    return ok, f"max|diff|={worst:.1e}", worst
 
 
 def matches(got, variant: np.ndarray, expected: np.ndarray, tol: Tolerance) -> bool:
@@ -79,17 +88,30 @@ def matches(got, variant: np.ndarray, expected: np.ndarray, tol: Tolerance) -> b
     return bool(np.all(np.abs(g[fin] - variant[fin]) <= bound))
 
 
-def tf32_sized(got, tf32_answer: np.ndarray, expected: np.ndarray, tol: Tolerance) -> bool:
-    """The error of got is the size a TF32 dot makes (at most 4x the TF32 twin's, elementwise
-    bounded) while outside the tolerance: the fingerprint of a float32 `tl.dot` on a GPU."""
+def sized_like(got, twin: np.ndarray, expected: np.ndarray, tol: Tolerance) -> bool:
+    """The error of got is outside the tolerance but no larger than 4x the error of a twin that
+    computes in lower precision (a TF32 dot, fp16 sums): the fingerprint of that precision."""
     g = to_numpy(got)
     fin = np.isfinite(expected)
     if g.shape != expected.shape or not np.isfinite(g[fin]).all():
         return False
     err = np.abs(g[fin] - expected[fin])
-    tf = np.abs(tf32_answer[fin] - expected[fin]).max(initial=0.0)
+    tf = np.abs(twin[fin] - expected[fin]).max(initial=0.0)
     outside = np.any(err > tol.atol + tol.rtol * np.abs(expected[fin]))
     return bool(outside and tf > tol.atol and err.max() <= 4 * tf)
+
+
+def check_against(got, expected, tol, mistakes: dict, extra=None) -> tuple[bool, str, str]:
+    """(ok, detail, diagnosis) for a one-array answer: the mistake whose variant (an array, or a
+    list of candidate arrays) the answer equals, else `extra(got)`, else ''."""
+    ok, detail, _ = compare("", got, expected, tol)
+    if ok:
+        return True, detail, ""
+    for why, variant in mistakes.items():
+        for v in variant if isinstance(variant, list) else [variant]:
+            if matches(got, v, expected, tol):
+                return False, detail, why
+    return False, detail, (extra(got) if extra else "")
 
 
 def _part_fits(got, variant, expected, tol) -> tuple[bool, bool]:
@@ -115,7 +137,7 @@ def diagnose(got: tuple, outs: list[Output], variants: dict, tf32: tuple | None)
             if not compare("", g, o.expected, o.tol)[0]
         ]
         if wrong and all(
-            t is not None and tf32_sized(g, t, o.expected, o.tol) for g, t, o in wrong
+            t is not None and sized_like(g, t, o.expected, o.tol) for g, t, o in wrong
         ):
             return TF32
     return ""
