@@ -60,8 +60,8 @@ def _scores(
         K + cols[:, None] * D + tl.arange(0, D)[None, :], mask=cols[:, None] < N_k, other=0.0
     )
     if BUG == "tf32":  # what a GPU's tl.dot does to float32 inputs without input_precision="ieee"
-        q = ((q.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
-        k = ((k.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+        q = (q.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        k = (k.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     s = tl.dot(q, tl.trans(k), input_precision="ieee")
     if BUG != "no scale":
         s = s * scale
@@ -402,3 +402,19 @@ def test_gpu_timing_prints_nothing_on_cpu_and_ratios_given_times():
         "timing, forward (information, not graded): your kernel 2.000 ms; flashedu 1.000 ms "
         "(yours / flashedu = 2.00); SDPA 0.500 ms (yours / SDPA = 4.00)"
     ]
+
+
+def test_a_dot_without_input_precision_is_exact_under_the_interpreter():
+    """TF32 is a GPU's doing: the interpreter multiplies float32 in full, so the same kernel passes
+    here (and is named on the GPU: the test below)."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the default dot is TF32")
+    report, text = run_grader(checks.triton_forward, planted(bad_forward, "default dot"), seed=3)
+    assert report.passed, text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_dot_without_input_precision_is_named_tf32_on_a_gpu():
+    report, text = run_grader(checks.triton_forward, planted(bad_forward, "default dot"), seed=11)
+    assert not report.passed and "TF32-sized error" in flat(text), text
