@@ -11,7 +11,8 @@ Introduced in notebooks/06_triton_forward.ipynb; used again in notebooks/07_trit
 
 from __future__ import annotations
 
-from .ledger import Traffic, tensor_order
+from . import traffic
+from .ledger import Traffic, combine, tensor_order
 
 
 def _times(n: int, size: int) -> str:
@@ -38,6 +39,30 @@ def describe(measured: Traffic, model: Traffic, sizes: dict[str, int], per=None)
                 line += f": once per {per[a // size]}"
             lines.append(line)
     return lines
+
+
+def measured(m, skip: tuple[str, ...] = ()) -> Traffic:
+    """The bytes of a `traffic.measure()` run, leaving out the launches of the kernels named in
+    skip (e.g. the backward's preprocess)."""
+    reads: dict[str, int] = {}
+    writes: dict[str, int] = {}
+    for a in m.accesses:
+        if m.launches[a.launch][0] not in skip:
+            moved = reads if a.direction == "read" else writes
+            moved[a.tensor] = moved.get(a.tensor, 0) + a.nbytes
+    return Traffic(reads, writes)
+
+
+def backward_passes(B, H, N_q, N_k, d, *, block_m, block_n, causal=False, itemsize=2, H_kv=None):
+    """The closed form of the dK/dV and dQ passes together: `traffic.flash_backward`'s two-pass
+    variant without its preprocess (which reads O and dO once and writes D)."""
+    whole = traffic.flash_backward(
+        B, H, N_q, N_k, d, block_m=block_m, block_n=block_n, causal=causal, itemsize=itemsize,
+        H_kv=H_kv, variant="two_pass",
+    )  # fmt: skip
+    row = B * H * N_q * d * itemsize
+    minus = Traffic({"O": -row, "dO": -row}, {"D": -B * H * N_q * 4})
+    return combine(whole, minus)
 
 
 def plot(measured: Traffic, model: Traffic, title: str, ax=None):
