@@ -226,9 +226,10 @@ def test_outputs_hold_no_plot_reprs_paths_or_notes(chapter):
 def test_timing_cells_are_kept_out_of_nbval(chapter):
     for cell in _code_cells(_load(chapter.notebook)):
         src = course.cell_source(cell)
+        tags = set(cell.get("metadata", {}).get("tags", []))
         if TIMING.search(src) and cell.get("outputs"):
-            assert "NBVAL_IGNORE_OUTPUT" in src or "NBVAL_SKIP" in src, (
-                f"a timing cell needs # NBVAL_IGNORE_OUTPUT:\n{src}"
+            assert tags & {"nbval-ignore-output", "nbval-skip"} or "NBVAL_" in src, (
+                f"a timing cell needs the nbval-ignore-output tag:\n{src}"
             )
 
 
