@@ -1,13 +1,17 @@
-"""Graders for notebooks/06_triton_forward.ipynb: a first Triton kernel, and the key ranges of the
-forward.
+"""Graders for notebooks/06_triton_forward.ipynb: a first Triton kernel, the key ranges of the
+forward, and the whole FlashAttention-2 forward kernel.
 
 Exercise 6.1 asks for a Triton kernel with a 2D grid that computes the masked, scaled scores of one
 head, one program per tile; exercise 6.2 for the arithmetic that tells each program of the forward
-kernel which key blocks it skips, which it masks and which it sees whole. Each case draws fresh
-ragged sizes and targets one mistake: a grid that misses the ragged last tile, masked scores set to
-0 instead of -inf, the scale forgotten, the causal offset top-left instead of bottom-right, the
-ragged last key block left unmasked, the last query row of a short block taken past N_q. Learners'
-kernels run on the GPU when there is one, else on CPU through the Triton interpreter.
+kernel which key blocks it skips, which it masks and which it sees whole; exercise 6.3 for the
+forward kernel itself, from a skeleton, launched by `triton_exercises.launch_forward` and graded
+in stages (`_kernel_cases`) against float64 and, under the interpreter, the bytes FA2 moves.
+Mistakes are named by the float64 twins of `_tile_mistakes` and `_attn_variants` (a grid that
+misses the ragged last tile, masked scores set to 0, the scale forgotten, the causal offset
+top-left, a missing rescale, lse = m + l, a TF32 dot, ...). A Triton exercise must launch a kernel
+of the learner's; flashedu's own are refused by name. Learners' kernels run on the GPU when there
+is one, else on CPU through the Triton interpreter; on a GPU a passing 6.3 is also timed beside
+flashedu's kernel and PyTorch's SDPA (information only).
 """
 
 from __future__ import annotations

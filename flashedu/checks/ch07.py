@@ -1,14 +1,16 @@
-"""Graders for notebooks/07_triton_backward.ipynb: the backward's preprocess, and P rebuilt from
-lse.
+"""Graders for notebooks/07_triton_backward.ipynb: the backward's preprocess, P rebuilt from lse,
+and the dK/dV and dQ kernels.
 
 Exercise 7.1 asks for the Triton kernel of D = rowsum(dO * O), the first of the three backward
 launches; exercise 7.2 for a Triton kernel that rebuilds a tile of P = exp(S - lse) from the
 forward's log-sum-exp, as the dK/dV and dQ kernels do; exercises 7.3 and 7.4 for the whole dK/dV
-and dQ kernels, graded in stages like 6.3 (see `_kernel_cases`), against the float64 gradients
-and, under the interpreter, the bytes FA2 moves. Each case draws fresh ragged sizes and
-targets one mistake: products summed in fp16, a grid that misses the ragged last rows, the (batch,
-head) offset forgotten, exp2 used without folding in log2(e), the scale forgotten, NaN on rows that
-see no key, the causal offset top-left.
+and dQ kernels, from skeletons, launched by `triton_exercises.launch_dkdv` / `launch_dq` and graded
+in stages like 6.3 (`_kernel_cases`) against the float64 gradients and, under the interpreter, the
+bytes FA2 moves. Mistakes are named by float64 twins: products summed in fp16, a grid that misses
+the ragged last rows, the (batch, head) offset forgotten, exp2 without log2(e), the scale
+forgotten, NaN on rows that see no key, the causal offset top-left, D not subtracted, one GQA head
+summed, the loop rounded down or started late, a TF32 dot. On a GPU a passing 7.3 or 7.4 is timed
+beside flashedu's and PyTorch's whole backward (information only).
 """
 
 from __future__ import annotations
