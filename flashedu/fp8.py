@@ -2,7 +2,7 @@
 rotation of Q and K, and the error measured against float64.
 
 * `quantize` / `dequantize`: e4m3 codes (torch.float8_e4m3fn, largest finite value 448) with one
-  float32 scale per block of rows, scale = max|x| over the block / 448 (FA3 s3.3, block quantisation).
+  float32 scale per block of rows, max|x| over the block / 448 (FA3 s3.3, block quantisation).
 * `hadamard`, `random_hadamard`, `rotate`: an orthogonal M = diag(random signs) H / sqrt(d), applied
   to Q and K alike, so (Q M)(K M)^T = Q K^T exactly in exact arithmetic, while an outlier in one
   channel is spread over all d of them (FA3 s3.3, incoherent processing).
@@ -40,8 +40,10 @@ def _block(name: str, x) -> int:
 
 def _tensor(name: str, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 2:
-        raise TypeError(f"{name} must be a floating-point torch tensor of shape (..., N, d), "
-                        f"got {type(x).__name__} {getattr(x, 'shape', '')}")
+        raise TypeError(
+            f"{name} must be a floating-point torch tensor of shape (..., N, d), "
+            f"got {type(x).__name__} {getattr(x, 'shape', '')}"
+        )
     return x
 
 
@@ -62,7 +64,7 @@ def quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     x, block = _tensor("x", x).float(), _block("block", block)
     N, d = x.shape[-2:]
     n_blocks = -(-N // block)
-    padded = torch.nn.functional.pad(x, (0, 0, 0, n_blocks * block - N))     # (..., n_blocks*block, d)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, n_blocks * block - N))  # (..., n_blocks*block, d)
     amax = padded.reshape(*x.shape[:-2], n_blocks, block * d).abs().amax(-1)  # (..., n_blocks)
     scales = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     codes = (x / _rows(scales, block, N)).to(torch.float8_e4m3fn)
@@ -90,7 +92,7 @@ def hadamard(d: int) -> np.ndarray:
 
 
 def random_hadamard(d: int, seed: int) -> np.ndarray:
-    """(d, d) float64 M = diag(s) H / sqrt(d) with random signs s from `seed`: orthogonal, M M^T = I.
+    """(d, d) float64 M = diag(s) H / sqrt(d), random signs s drawn from `seed`; M M^T = I.
 
     x @ M flips the sign of random channels of x, then mixes every channel into every other.
     Introduced in notebooks/11_hopper.ipynb.
@@ -107,7 +109,9 @@ def rotate(q, k, seed: int):
     Introduced in notebooks/11_hopper.ipynb (exercise 11.3).
     """
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"rotate: q and k need the same head dim, got {q.shape[-1]} and {k.shape[-1]}")
+        raise ValueError(
+            f"rotate: q and k need the same head dim, got {q.shape[-1]} and {k.shape[-1]}"
+        )
     m = random_hadamard(q.shape[-1], seed)
     if isinstance(q, torch.Tensor):
         m_t = torch.as_tensor(m, dtype=q.dtype, device=q.device)
@@ -131,10 +135,20 @@ def _round(x: torch.Tensor, fmt: str, block: int, scaling: str) -> torch.Tensor:
     return dequantize(*quantize(x, block), block)
 
 
-def emulated_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fmt: str = "e4m3",
-                     causal: bool = False, scaling: str = "block", rotation: bool = False,
-                     block_m: int = 64, block_n: int = 64, seed: int = 0) -> torch.Tensor:
-    """Attention output o (B, H, N_q, d) float32 computed with the rounding of a low-precision kernel.
+def emulated_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    fmt: str = "e4m3",
+    causal: bool = False,
+    scaling: str = "block",
+    rotation: bool = False,
+    block_m: int = 64,
+    block_n: int = 64,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Attention output o (B, H, N_q, d) float32, computed with a low-precision kernel's rounding.
 
     q (B, H, N_q, d), k and v (B, H, N_k, d), floating point. fmt "e4m3": Q, K, V quantised with a
     scale per block of `block_m` (Q) or `block_n` (K, V) rows when scaling="block", or one scale per
@@ -152,31 +166,45 @@ def emulated_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fmt: 
     q, k, v = (_tensor(n, t).float() for n, t in (("q", q), ("k", k), ("v", v)))
     if rotation:
         q, k = rotate(q, k, seed)
-    qr, kr, vr = _round(q, fmt, block_m, scaling), _round(k, fmt, block_n, scaling), \
-        _round(v, fmt, block_n, scaling)
-    s = qr @ kr.transpose(-1, -2) / q.shape[-1] ** 0.5                 # (B, H, N_q, N_k) float32
+    qr, kr, vr = (
+        _round(q, fmt, block_m, scaling),
+        _round(k, fmt, block_n, scaling),
+        _round(v, fmt, block_n, scaling),
+    )
+    s = qr @ kr.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, N_q, N_k) float32
     keep = torch.as_tensor(masks.visible(q.shape[-2], k.shape[-2], causal=causal))
     s = s.masked_fill(~keep, float("-inf"))
-    m = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)              # (B, H, N_q, 1)
-    p = torch.exp(s - m)                                             # in [0, 1], exp(-inf) = 0
+    m = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)  # (B, H, N_q, 1)
+    p = torch.exp(s - m)  # in [0, 1], exp(-inf) = 0
     l = p.sum(-1, keepdim=True)
-    o = p.to(FORMATS[fmt]).float() @ vr                              # P rounded for the tensor cores
+    o = p.to(FORMATS[fmt]).float() @ vr  # P rounded for the tensor cores
     return torch.where(l > 0, o / l.clamp_min(1e-30), torch.zeros_like(o))
 
 
 def rmse(o, o_ref) -> float:
     """Root-mean-square error sqrt(mean((o - o_ref)^2)) over every element, in float64 (FA3's
     measure, s4.3)."""
-    to64 = lambda x: np.asarray(x.detach().double().cpu() if isinstance(x, torch.Tensor) else x,  # noqa: E731
-                                np.float64)
+    to64 = lambda x: np.asarray(
+        x.detach().double().cpu() if isinstance(x, torch.Tensor) else x,  # noqa: E731
+        np.float64,
+    )
     a, b = to64(o), to64(o_ref)
     if a.shape != b.shape:
         raise ValueError(f"rmse: shapes differ, {a.shape} and {b.shape}")
     return float(np.sqrt(np.mean((a - b) ** 2)))
 
 
-def outlier_qkv(B: int, H: int, N: int, d: int, *, outliers: bool = True, frac: float = 1e-3,
-                outlier_std: float = 10.0, seed: int = 0):
+def outlier_qkv(
+    B: int,
+    H: int,
+    N: int,
+    d: int,
+    *,
+    outliers: bool = True,
+    frac: float = 1e-3,
+    outlier_std: float = 10.0,
+    seed: int = 0,
+):
     """q, k, v (B, H, N, d) float32 torch tensors: N(0, 1) entries, and with `outliers` a fraction
     `frac` of them get N(0, outlier_std^2) added (FA3 s4.3: 0.1% of entries, variance 100).
 

@@ -1,7 +1,7 @@
 """flashedu.hopper and flashedu.fp8 against plain float64 arithmetic: the exponential budget, the
 per-tile costs and the timelines (durations, in-order units, steady-state periods), the Hadamard
 rotation (orthogonal, scores unchanged), the block quantiser (nearest e4m3 value, per-block scales),
-the emulated low-precision attention and the results loader."""
+the emulated low-precision attention, and flashedu.hopper_results' loader and tables."""
 
 import json
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from flashedu import fp8, hopper, reference
+from flashedu import fp8, hopper, hopper_results, reference
 
 matplotlib.use("Agg")
 
-# --------------------------------------------------------------------------------- exponential budget
+# ------------------------------------------------------------------------------ exponential budget
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -39,23 +39,29 @@ def test_causal_halves_both_counts_and_keeps_the_ratio():
     assert half[0] == pytest.approx(full[0] / 2) and half[1] == pytest.approx(full[1] / 2)
 
 
-@pytest.mark.parametrize("kw,words", [
-    (dict(B=0), "B must be an int >= 1"), (dict(d=64.0), "d must be an int"),
-    (dict(causal="yes"), "causal must be a bool"), (dict(sfu_tflops=0), "sfu_tflops must be"),
-    (dict(matmul_tflops=float("inf")), "matmul_tflops must be"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        (dict(B=0), "B must be an int >= 1"),
+        (dict(d=64.0), "d must be an int"),
+        (dict(causal="yes"), "causal must be a bool"),
+        (dict(sfu_tflops=0), "sfu_tflops must be"),
+        (dict(matmul_tflops=float("inf")), "matmul_tflops must be"),
+    ],
+)
 def test_budget_rejects_bad_arguments_by_name(kw, words):
     args = dict(B=1, H=1, N=16, d=64) | kw
     with pytest.raises((ValueError, TypeError), match=words):
         hopper.softmax_budget(args.pop("B"), args.pop("H"), args.pop("N"), args.pop("d"), **args)
 
 
-# --------------------------------------------------------------------------------- tile costs, timelines
+# --------------------------------------------------------------------------- tile costs, timelines
 
 
 def test_tile_costs_divide_gpu_rates_by_the_sms():
-    c = hopper.tile_costs(128, 64, 128, matmul_tflops=1000, sfu_tflops=4, load_bytes_per_s=5e10,
-                          sms=100, itemsize=2)
+    c = hopper.tile_costs(
+        128, 64, 128, matmul_tflops=1000, sfu_tflops=4, load_bytes_per_s=5e10, sms=100, itemsize=2
+    )
     assert c.qk == c.pv == pytest.approx(2 * 128 * 64 * 128 / 1e13)
     assert c.exp == pytest.approx(128 * 64 / 4e10)
     assert c.load == pytest.approx(2 * 64 * 128 * 2 / 5e10)
@@ -63,10 +69,13 @@ def test_tile_costs_divide_gpu_rates_by_the_sms():
         hopper.tile_costs(64, 0, 64)
 
 
-COSTS = [hopper.TileCosts(load=0.1, qk=1.0, exp=0.5, pv=1.0),      # loads hidden, exp < pv
-         hopper.TileCosts(load=0.2, qk=0.5, exp=1.3, pv=0.5),      # softmax-bound
-         hopper.TileCosts(load=6.0, qk=1.0, exp=0.7, pv=1.0),      # load-bound
-         hopper.tile_costs(128, 128, 128), hopper.tile_costs(128, 128, 64)]
+COSTS = [
+    hopper.TileCosts(load=0.1, qk=1.0, exp=0.5, pv=1.0),  # loads hidden, exp < pv
+    hopper.TileCosts(load=0.2, qk=0.5, exp=1.3, pv=0.5),  # softmax-bound
+    hopper.TileCosts(load=6.0, qk=1.0, exp=0.7, pv=1.0),  # load-bound
+    hopper.tile_costs(128, 128, 128),
+    hopper.tile_costs(128, 128, 64),
+]
 
 
 @pytest.mark.parametrize("schedule", hopper.SCHEDULES)
@@ -88,9 +97,26 @@ def test_every_task_takes_its_cost_and_units_never_overlap(schedule, c):
     assert 0 < tl.tensor_core_utilisation <= 1
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("schedule", ["producer_consumer", "pingpong", "intra_warpgroup"])
+@pytest.mark.parametrize("c", COSTS)
+def test_the_producer_refills_a_buffer_only_after_every_consumer_released_it(schedule, stages, c):
+    tl = hopper.timeline(c, 9, schedule, stages=stages)
+    at = {t.name: t for t in tl.tasks}
+    wgs = ["a", "b"] if schedule == "pingpong" else [""]
+    for j in range(stages, 9):
+        assert at[f"K {j}"].start >= max(at[f"QK^T {j - stages}{w}"].end for w in wgs) - 1e-15
+        assert at[f"V {j}"].start >= max(at[f"PV {j - stages}{w}"].end for w in wgs) - 1e-15
+    for j in range(9):  # and a consumer never reads a tile before it has landed
+        assert all(at[f"QK^T {j}{w}"].start >= at[f"K {j}"].end - 1e-15 for w in wgs)
+        assert all(at[f"PV {j}{w}"].start >= at[f"V {j}"].end - 1e-15 for w in wgs)
+
+
 @pytest.mark.parametrize("c", COSTS)
 def test_serial_schedule_is_the_plain_sum(c):
-    assert hopper.timeline(c, 9, "serial").total == pytest.approx(9 * (c.load + c.qk + c.exp + c.pv))
+    assert hopper.timeline(c, 9, "serial").total == pytest.approx(
+        9 * (c.load + c.qk + c.exp + c.pv)
+    )
 
 
 def _period(c, schedule):
@@ -119,10 +145,14 @@ def test_overlap_hides_the_softmax_when_it_fits_under_the_matmuls():
     assert util["producer_consumer"] < 0.7
 
 
-@pytest.mark.parametrize("kw,words", [
-    (dict(schedule="fa3"), "schedule must be one of"), (dict(n_tiles=0), "n_tiles must be"),
-    (dict(schedule="pingpong", stages=1), "stages must be an int >= 2"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        (dict(schedule="fa3"), "schedule must be one of"),
+        (dict(n_tiles=0), "n_tiles must be"),
+        (dict(schedule="pingpong", stages=1), "stages must be an int >= 2"),
+    ],
+)
 def test_timeline_rejects_bad_arguments(kw, words):
     with pytest.raises(ValueError, match=words):
         hopper.timeline(COSTS[0], **({"n_tiles": 4} | kw))
@@ -137,35 +167,54 @@ def test_plot_timeline_draws_one_bar_per_task():
     assert "pingpong" in ax.get_title()
 
 
-# --------------------------------------------------------------------------------- results file
+# ------------------------------------------------------------------------------------ results file
 
 
-RESULT = {"date": "2026-01-01 00:00 UTC", "gpu": "NVIDIA H200", "matmul_tflops": {"bf16": 700.0, "fp8": None},
-          "rows": [{"kernel": "hopper", "dtype": "bf16", "causal": False, "B": 2, "H": 16, "N": 8192,
-                    "d": 128, "pass": "fwd", "ms": 1.0, "tflops": 550.0}],
-          "steps": [{"name": "fa2", "change": "start", "expected": "490", "fwd_tflops": 490.0,
-                     "fwd_bwd_tflops": None, "causal_fwd_tflops": None, "note": "baseline"},
-                    {"name": "tma", "change": "descriptors", "expected": "+5%", "fwd_tflops": 520.0,
-                     "fwd_bwd_tflops": 410.0, "causal_fwd_tflops": None, "note": "as expected"}],
-          "fp8": [], "correctness": {"rows": 1, "passed": 1, "details": "-"}}
+def _row(kernel, tflops, dtype="bf16"):
+    setting = dict(causal=False, B=2, H=16, N=8192, d=128)
+    return dict(kernel=kernel, dtype=dtype, **setting, ms=1.0, tflops=tflops, **{"pass": "fwd"})
+
+
+def _step(name, fwd, fwd_bwd=None):
+    times = dict(fwd_tflops=fwd, fwd_bwd_tflops=fwd_bwd, causal_fwd_tflops=None)
+    return dict(name=name, change="-", expected="+5%", **times, note="as expected")
+
+
+RESULT = {
+    "date": "2026-01-01 00:00 UTC",
+    "gpu": "NVIDIA H200",
+    "matmul_tflops": {"bf16": 700.0, "fp8": None},
+    "rows": [
+        _row("hopper", 550.0),
+        _row("sdpa_cudnn", 600.0),
+        _row("hopper_fp8", 800.0, "fp8e4m3"),
+    ],
+    "steps": [_step("fa2", 490.0), _step("tma", 520.0, 410.0)],
+    "fp8": [],
+    "correctness": {"rows": 3, "passed": 3, "details": "-"},
+}
 
 
 def test_results_loader_reads_the_schema_and_refuses_other_files(tmp_path):
-    assert hopper.load_results(tmp_path / "absent.json") is None
+    assert hopper_results.load_results(tmp_path / "absent.json") is None
     path = tmp_path / "h200_hopper.json"
     path.write_text(json.dumps(RESULT))
-    got = hopper.load_results(path)
+    got = hopper_results.load_results(path)
     assert got["steps"][1]["fwd_tflops"] == 520.0
-    table = hopper.steps_table(got)
+    table = hopper_results.steps_table(got)
     assert "tma" in table and "520" in table and "410" in table and "-" in table
-    ax = hopper.plot_steps(got, cudnn=665.0)
+    rows = hopper_results.rows_table(got).splitlines()
+    assert rows[0].split()[-4:] == ["vs", "cuDNN", "vs", "matmul"] and "sdpa_cudnn" in rows[0]
+    assert rows[1].split()[-5:] == ["550", "-", "600", "0.92", "0.79"]  # 550 / 600, 550 / 700
+    assert rows[2].split()[-5:] == ["-", "800", "-", "-", "1.14"]  # fp8: no cuDNN row
+    ax = hopper_results.plot_steps(got, cudnn=665.0)
     assert len(ax.patches) == 2 and len(ax.lines) == 2
     path.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="lacks steps, matmul_tflops"):
-        hopper.load_results(path)
+        hopper_results.load_results(path)
 
 
-# --------------------------------------------------------------------------------- Hadamard rotation
+# ------------------------------------------------------------------------------- Hadamard rotation
 
 
 @pytest.mark.parametrize("d", [1, 2, 4, 16, 64, 128, 256])
@@ -214,7 +263,7 @@ def test_rotation_spreads_an_outlier_channel():
 # --------------------------------------------------------------------------------- block quantiser
 
 E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
-E4M3 = E4M3[torch.isfinite(E4M3)].unique()                                # every finite e4m3 value
+E4M3 = E4M3[torch.isfinite(E4M3)].unique()  # every finite e4m3 value
 
 
 def _nearest_distance(y: torch.Tensor) -> torch.Tensor:
@@ -231,12 +280,12 @@ def test_quantize_rounds_to_the_nearest_e4m3_value_with_per_block_scales(N, bloc
     assert scales.dtype == torch.float32 and scales.shape == (-(-N // block),)
     x64 = x.double()
     for i, s in enumerate(scales.double()):
-        rows = x64[i * block:(i + 1) * block]
+        rows = x64[i * block : (i + 1) * block]
         assert s.item() == pytest.approx(rows.abs().max().item() / 448, rel=1e-6)
-        y = x[i * block:(i + 1) * block] / scales[i]                       # what was rounded, float32
-        got = codes[i * block:(i + 1) * block].double()
+        y = x[i * block : (i + 1) * block] / scales[i]  # what was rounded, float32
+        got = codes[i * block : (i + 1) * block].double()
         assert torch.all((y.double() - got).abs() <= _nearest_distance(y) + 1e-12)
-        assert got.abs().max().item() == 448.0                             # the block's max lands on 448
+        assert got.abs().max().item() == 448.0  # the block's max lands on 448
     deq = fp8.dequantize(codes, scales, block)
     rows = scales.repeat_interleave(block)[:N, None]
     assert torch.all((deq - x).abs() <= torch.maximum(x.abs() * 2**-4, rows * 2**-10) * (1 + 1e-6))
@@ -261,13 +310,15 @@ def test_quantize_rejects_bad_input_by_name():
         fp8.quantize(np.ones((4, 4)), 2)
 
 
-# --------------------------------------------------------------------------------- emulated attention
+# ------------------------------------------------------------------------------ emulated attention
 
 
 def test_emulated_forward_error_grows_as_precision_drops():
     q, k, v = fp8.outlier_qkv(1, 2, 96, 64, outliers=False, seed=0)
     o_ref, _ = reference.forward(q, k, v)
-    err = {f: fp8.rmse(fp8.emulated_forward(q, k, v, fmt=f), o_ref) for f in ("fp16", "bf16", "e4m3")}
+    err = {
+        f: fp8.rmse(fp8.emulated_forward(q, k, v, fmt=f), o_ref) for f in ("fp16", "bf16", "e4m3")
+    }
     assert err["fp16"] < err["bf16"] < err["e4m3"] < 1e-2
     assert err["fp16"] < 1e-4
 
@@ -289,8 +340,9 @@ def test_emulated_forward_causal_and_fully_masked_rows():
     assert fp8.rmse(o, o_ref) < 5e-3
 
 
-@pytest.mark.parametrize("kw,words", [(dict(fmt="int8"), "fmt must be one of"),
-                                      (dict(scaling="row"), "scaling must be")])
+@pytest.mark.parametrize(
+    "kw,words", [(dict(fmt="int8"), "fmt must be one of"), (dict(scaling="row"), "scaling must be")]
+)
 def test_emulated_forward_rejects_bad_options(kw, words):
     q = torch.randn(1, 1, 4, 16)
     with pytest.raises(ValueError, match=words):
@@ -308,4 +360,6 @@ def test_rmse_crest_and_outlier_inputs():
     b = fp8.outlier_qkv(2, 2, 512, 64, seed=4)
     plain = fp8.outlier_qkv(2, 2, 512, 64, outliers=False, seed=4)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert 1.05 < a[0].var().item() < 1.15 and 0.95 < plain[0].var().item() < 1.05  # 1 + 0.001 * 100
+    assert (
+        1.05 < a[0].var().item() < 1.15 and 0.95 < plain[0].var().item() < 1.05
+    )  # 1 + 0.001 * 100
