@@ -48,28 +48,31 @@ def steps_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+_SHORT = {"hopper_fp8": "hopper8", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}  # column names
+
+
 def rows_table(result: dict) -> str:
-    """The measured rows, one line per setting: every kernel's TFLOP/s, then the Hopper kernel's
-    rate over cuDNN's and over the bf16 matmul rate measured in the same run ("-" where absent).
+    """The measured rows, one line per setting: every kernel's TFLOP/s (hopper8 = hopper_fp8,
+    flash and cudnn = SDPA's backends), then the Hopper kernel's rate over cuDNN's and over the
+    bf16 matmul rate measured in the same run ("-" where absent). Under 100 columns.
 
     Introduced in notebooks/11_hopper.ipynb.
     """
     kernels = sorted({r["kernel"] for r in result["rows"]})
     by: dict[tuple, dict[str, float]] = {}
     for r in result["rows"]:
-        key = (r["dtype"], r["d"], r["causal"], r["N"], r["pass"])
+        key = (r["dtype"], r["d"], r["N"], r["pass"], r["causal"])
         by.setdefault(key, {})[r["kernel"]] = r["tflops"]
     mm = (result.get("matmul_tflops") or {}).get("bf16")
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
-    head = f"{'dtype':<8}{'d':>4}{'causal':>7}{'N':>6}{'pass':>8}" + "".join(
-        f"{k:>12}" for k in kernels
-    )
-    lines = [f"{head}{'vs cuDNN':>9}{'vs matmul':>10}"]
-    for (dtype, d, causal, N, pass_), rates in sorted(by.items(), key=str):
+    names = "".join(f"{_SHORT.get(k, k[:8]):>9}" for k in kernels)
+    lines = [f"{'setting':<33}{names}{'vs cudnn':>9}{'vs mm':>7}"]
+    for (dtype, d, N, pass_, causal), rates in sorted(by.items(), key=str):
         mine = rates.get("hopper_fp8" if dtype.startswith("fp8") else "hopper")
-        cells = "".join(f"{rates[k]:>12.0f}" if k in rates else f"{'-':>12}" for k in kernels)
-        vs = f"{ratio(mine, rates.get('sdpa_cudnn')):>9}{ratio(mine, mm):>10}"
-        lines.append(f"{dtype:<8}{d:>4}{str(causal):>7}{N:>6}{pass_:>8}{cells}{vs}")
+        cells = "".join(f"{rates[k]:>9.0f}" if k in rates else f"{'-':>9}" for k in kernels)
+        label = f"{dtype} d={d} N={N} {pass_}{' causal' if causal else ''}"
+        vs = f"{ratio(mine, rates.get('sdpa_cudnn')):>9}{ratio(mine, mm):>7}"
+        lines.append(f"{label:<33}{cells}{vs}")
     return "\n".join(lines)
 
 

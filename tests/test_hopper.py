@@ -204,9 +204,12 @@ def test_results_loader_reads_the_schema_and_refuses_other_files(tmp_path):
     table = hopper_results.steps_table(got)
     assert "tma" in table and "520" in table and "410" in table and "-" in table
     rows = hopper_results.rows_table(got).splitlines()
-    assert rows[0].split()[-4:] == ["vs", "cuDNN", "vs", "matmul"] and "sdpa_cudnn" in rows[0]
-    assert rows[1].split()[-5:] == ["550", "-", "600", "0.92", "0.79"]  # 550 / 600, 550 / 700
-    assert rows[2].split()[-5:] == ["-", "800", "-", "-", "1.14"]  # fp8: no cuDNN row
+    assert rows[0].split() == ["setting", "hopper", "hopper8", "cudnn", "vs", "cudnn", "vs", "mm"]
+    assert (
+        rows[1].split() == "bf16 d=128 N=8192 fwd 550 - 600 0.92 0.79".split()
+    )  # 550/600, 550/700
+    assert rows[2].split() == "fp8e4m3 d=128 N=8192 fwd - 800 - - 1.14".split()  # no fp8 cuDNN row
+    assert max(len(line) for line in rows) <= 100
     ax = hopper_results.plot_steps(got, cudnn=665.0)
     assert len(ax.patches) == 2 and len(ax.lines) == 2
     path.write_text(json.dumps({"rows": []}))
