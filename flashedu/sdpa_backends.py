@@ -34,11 +34,15 @@ import re
 import sys
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+RESULTS_FILE = (
+    Path(__file__).resolve().parent.parent / "notebooks" / "results" / "h200_sdpa_backends.json"
+)
 BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 MASKS = ("none", "bool", "float")
@@ -240,6 +244,22 @@ def format_table(rows: list[dict]) -> str:
         cells = "".join(f"{'ran' if r['forced'][b]['ran'] else '-':>10}" for b in backends)
         lines.append(f"{r['label']:<{width}}{cells}   {SHORT.get(r['backend'], r['backend'])}")
     return "\n".join(lines)
+
+
+def refusals(rows: list[dict], backend: str = "FLASH_ATTENTION") -> list[str]:
+    """One line per case the backend refused: its label and SDPA's reasons (or the error)."""
+    out = []
+    for r in rows:
+        result = r["forced"][backend]
+        if not result["ran"]:
+            out.append(f"{r['label']}: {'; '.join(result['reasons']) or result['error']}")
+    return out
+
+
+def load_record(path=RESULTS_FILE) -> dict:
+    """A JSON record written by `python -m flashedu.sdpa_backends --out`."""
+    with open(path) as f:
+        return json.load(f)
 
 
 def environment(device: str) -> dict:

@@ -99,3 +99,8 @@ def test_command_line_writes_the_json_record(tmp_path):
     assert [c["label"] for c in record["cases"]] == [c.label for c in sb.default_cases()]
     assert all(set(c["forced"]) == set(sb.BACKENDS) for c in record["cases"])
     assert "USDT" not in proc.stderr  # the profiler's own log lines are dropped
+    assert sb.load_record(out) == record
+    assert sb.refusals(record["cases"]) == [
+        "fp16, dropout 0.1: Both fused kernels do not support non-zero dropout."
+    ]
+    assert len(sb.refusals(record["cases"], "EFFICIENT_ATTENTION")) == len(record["cases"])
