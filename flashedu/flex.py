@@ -240,6 +240,7 @@ def flex_forward(
 
     mask_mod is turned into a BlockMask of `block_size` tiles unless `block_mask` is given. Eager
     (compiled=False) runs everywhere and silences torch's warning that it materialises the scores.
+    Compiled on a CPU, lse is None: torch 2.13's CPU kernel is forward-only and returns no lse.
     """
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
@@ -251,9 +252,10 @@ def flex_forward(
             mask_mod, B, H, N_q, N_k, device=q.device, BLOCK_SIZE=block_size
         )
     fn = compiled_flex_attention() if compiled else flex_attention
+    with_lse = not (compiled and q.device.type == "cpu")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=EAGER_WARNING)
-        o, aux = fn(
+        out = fn(
             q,
             k,
             v,
@@ -261,9 +263,9 @@ def flex_forward(
             block_mask=block_mask,
             scale=softmax_scale,
             enable_gqa=H != H_kv,
-            return_aux=AuxRequest(lse=True),
+            return_aux=AuxRequest(lse=True) if with_lse else None,
         )
-    return o, aux.lse
+    return (out[0], out[1].lse) if with_lse else (out, None)
 
 
 # -------------------------------------------------------------------------------------- block maps

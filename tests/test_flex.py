@@ -215,3 +215,23 @@ def test_flex_forward_silences_the_eager_warning(recwarn, rng):
     flex.flex_forward(q, k, v)
     assert not [w for w in recwarn if flex.EAGER_WARNING in str(w.message)]
     assert max_error(flex.flex_forward(q, k, v)[0], reference.forward(q, k, v)[0])[0] < 1e-12
+
+
+def test_compiled_flex_forward_equals_eager(rng):
+    q, k, v = (x.float() for x in _qkv(rng, 1, 2, 64, 64, 16))
+    o_eager, lse_eager = flex.flex_forward(q, k, v, mask_mod=flex.sliding_window(9), block_size=32)
+    o, lse = flex.flex_forward(
+        q, k, v, mask_mod=flex.sliding_window(9), block_size=32, compiled=True
+    )
+    assert flex.compiled_flex_attention() is flex.compiled_flex_attention()  # compiled once
+    assert_close(o, o_eager, dtype="float32")
+    assert lse is None  # torch's compiled CPU kernel returns no lse
+
+
+def test_draw_block_map_titles_the_tiles_computed():
+    from matplotlib.figure import Figure
+
+    kinds = decoding.block_map(64, 64, 16, 16, causal=True)
+    ax = Figure().subplots()
+    flex.draw_block_map(ax, kinds, 64, 64, 16, 16, "causal")
+    assert ax.get_title() == "causal\n10 of 16 tiles computed"
