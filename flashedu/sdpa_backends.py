@@ -163,9 +163,15 @@ def try_backend(case: Case, backend: str, device: str = "cpu") -> dict:
         try:
             with sdpa_kernel([getattr(SDPBackend, backend)]):
                 _call(case, q, k, v, mask)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()  # a kernel's own failure surfaces here, not later
             error = None
-        except RuntimeError as e:
+        except RuntimeError as e:  # SDPA's refusal (and CUDA errors) are RuntimeErrors
             error = str(e).strip().splitlines()[0]
+        except Exception as e:  # anything else is recorded too, so one case cannot stop the table
+            error = (
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            )
     reasons = [
         _reason(str(w.message)) for w in caught if "kernel not used because" not in str(w.message)
     ]

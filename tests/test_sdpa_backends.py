@@ -104,3 +104,15 @@ def test_command_line_writes_the_json_record(tmp_path):
         "fp16, dropout 0.1: Both fused kernels do not support non-zero dropout."
     ]
     assert len(sb.refusals(record["cases"], "EFFICIENT_ATTENTION")) == len(record["cases"])
+
+
+def test_an_unexpected_error_is_recorded_not_raised(monkeypatch):
+    def broken(*args):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(sb, "_call", broken)
+    assert sb.try_backend(sb.Case("x"), "MATH") == {
+        "ran": False,
+        "error": "ValueError: boom",
+        "reasons": [],
+    }
