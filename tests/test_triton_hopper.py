@@ -211,6 +211,19 @@ def test_forward_matches_reference(dtype, case):
     assert (o[empty] == 0).all() and (lse[empty] == -math.inf).all()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa2_backward_takes_this_forwards_o_and_lse(causal):
+    """`flashedu.attention(impl="auto")` pairs this forward with the FA2 backward kernels."""
+    from flashedu import triton_backward
+
+    q, k, v = _qkv(1, 2, 40, 56, 64, "float16", H_kv=1, seed=3)
+    o, lse = th.forward(q, k, v, causal=causal)
+    do = torch.randn_like(o)
+    grads = triton_backward.backward(do, q, k, v, o, lse, causal=causal)
+    for g, g_ref in zip(grads, reference.backward(do, q, k, v, causal=causal)):
+        assert_close(g, g_ref, dtype="float16", grad=True)
+
+
 @pytest.mark.parametrize("rotate", [False, True])
 def test_fp8_forward_is_within_fp8_accuracy(rotate):
     q, k, v = _qkv(1, 2, 45, 60, 64, "bfloat16", H_kv=1, seed=7)
