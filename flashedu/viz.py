@@ -25,6 +25,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from . import traffic
+from .figures import (  # noqa: F401  (re-exported: the chapters call them as viz.*)
+    KIND_CODE,
+    KIND_COLORS,
+    cpu_table,
+    show_block_map,
+    tflops_panels,
+)
+from .replay import draw_measured, draw_program, measured_state, program_frames  # noqa: F401
 
 ALGORITHMS = {
     "naive": "standard attention, forward (S and P through HBM)",
