@@ -20,10 +20,24 @@ from . import replay, traffic, viz
 
 
 def program_html(frame: dict, frames: list[dict]) -> str:
-    """The text of one program frame: kernel, program id, what it moved, bytes so far."""
-    moved = ", ".join(
-        f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n, _ in frame["moved"]
-    )
+    """The text of one program frame: kernel, program id, what it moved per tensor (bytes and
+    number of instructions), bytes so far."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    for t, dn, n, _ in frame["moved"]:
+        entry = totals.setdefault((dn, t), [0, 0])
+        entry[0], entry[1] = entry[0] + n, entry[1] + 1
+    parts = []
+    for direction, verb in (("read", "read"), ("write", "wrote")):
+        items = [
+            f"{t} {n:,} B"
+            + (f" ({k} loads)" if k > 1 and direction == "read" else "")
+            + (f" ({k} stores)" if k > 1 and direction == "write" else "")
+            for (dn, t), (n, k) in totals.items()
+            if dn == direction
+        ]
+        if items:
+            parts.append(f"{verb} " + ", ".join(items))
+    moved = "; ".join(parts)
     x, y, z = frame["program"]
     total = frame["read_bytes"] + frame["write_bytes"]
     last = frames[-1]["read_bytes"] + frames[-1]["write_bytes"]
@@ -57,8 +71,8 @@ def measured_html(state: dict) -> str:
 
 
 class MeasuredExplorer(W.VBox):
-    """See `measured_explorer`. `.measurement`, `.state`, `.frames`, `.slider`, `.figure` (the
-    bars) and `.program_figure` (the current program)."""
+    """See `measured_explorer`. `.measurement`, `.state`, `.frames`, `.slider` (1-based: program
+    k is frames[k - 1]), `.figure` (the bars) and `.program_figure` (the current program)."""
 
     def __init__(self, measurement, model=None, axis_names=()):
         self.measurement = measurement
@@ -70,7 +84,7 @@ class MeasuredExplorer(W.VBox):
             value=viz.png(self.figure), format="png", layout=W.Layout(max_width="760px")
         )
         n = max(1, len(self.frames))
-        self.slider = W.IntSlider(min=0, max=n - 1, description="program", readout=True)
+        self.slider = W.IntSlider(min=1, max=n, description="program", readout=True)
         back, fwd = (
             W.Button(description="◀", layout=W.Layout(width="50px")),
             W.Button(description="▶", layout=W.Layout(width="50px")),
@@ -85,13 +99,13 @@ class MeasuredExplorer(W.VBox):
         self._update()
 
     def _move(self, delta: int) -> None:
-        self.slider.value = min(max(self.slider.value + delta, 0), self.slider.max)
+        self.slider.value = min(max(self.slider.value + delta, 1), self.slider.max)
 
     def _update(self, change=None) -> None:
         if not self.frames:
             self.program.value = "no Triton program ran under the measurement"
             return
-        frame = self.frames[self.slider.value]
+        frame = self.frames[self.slider.value - 1]
         self.program_figure = replay.draw_program(frame, self.measurement)
         self.program_image.value = viz.png(self.program_figure)
         self.program.value = program_html(frame, self.frames)

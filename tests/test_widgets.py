@@ -327,7 +327,7 @@ def test_measured_explorer_shows_the_package_forward_equal_to_the_model():
     assert unit == "HBM bytes (KiB)" and max(bars) == pytest.approx(
         max(model.reads.values()) / 1024
     )
-    w.slider.value = 2
+    w.slider.value = 3
     frame = w.frames[2]
     assert f"program 3 of {len(w.frames)}" in w.program.value
     assert sum(n for _, dn, n, _ in frame["moved"] if dn == "read") == sum(
@@ -336,6 +336,9 @@ def test_measured_explorer_shows_the_package_forward_equal_to_the_model():
         if pid == frame["program"]
     )
     assert w.program_image.value[:4] == b"\x89PNG"
+    assert "read Q 1,024 B, K 2,048 B (2 loads), V 2,048 B (2 loads); wrote lse 64 B, O" in (
+        w.program.value
+    )
 
 
 def test_measured_explorer_replays_the_three_backward_kernels():
