@@ -51,7 +51,7 @@ import torch.multiprocessing as mp
 
 from . import softmax
 from ._validate import check_backward, check_qkv, check_window, resolve_scale
-from .decoding import PARTIAL, SKIP, block_kind, block_visible, key_offsets
+from .masks import PARTIAL, SKIP, block_kind, block_visible, key_offsets
 
 
 def shard_bounds(N: int, world_size: int) -> list[tuple[int, int]]:
