@@ -12,7 +12,7 @@ N <= 512, d <= 64, causal and not (forward / gradients), and the tolerance set f
     bfloat16  (8-bit mantissa, about 8x fp16's rounding) -> 3e-2 / 3e-2 (gradients 5e-2)
 
 On a GPU, fp16/bf16 kernels are also held to flash-attn's rule: error at most twice that of
-PyTorch's own same-precision computation on the same inputs (`flashedu/gpu_check.py`).
+PyTorch's own same-precision computation on the same inputs (`flashedu/bench/gpu_check.py`).
 
 Introduced in notebooks/01_naive_attention.ipynb.
 """
@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .dtypes import dtype_name
 
 
 @dataclass(frozen=True)
@@ -42,18 +44,6 @@ GRAD_TOLERANCES: dict[str, Tolerance] = {
     "float16": Tolerance(1e-2, 1e-2),
     "bfloat16": Tolerance(5e-2, 5e-2),
 }
-
-
-def dtype_name(dtype) -> str:
-    """'float32' for np.float32, np.dtype('float32'), torch.float32 or the string itself."""
-    s = str(dtype)
-    return (
-        s.split(".")[-1]
-        if s.startswith("torch.")
-        else np.dtype(dtype).name
-        if s != "bfloat16"
-        else s
-    )
 
 
 def tolerance(dtype, *, grad: bool = False) -> Tolerance:

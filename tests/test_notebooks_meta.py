@@ -71,7 +71,7 @@ def _texts(cell) -> list[str]:
 
 
 def test_first_cell_states_title_objectives_and_minutes(chapter):
-    assert course._check_first_cell(ROOT / chapter.notebook, chapter.id, chapter) == []
+    assert course.check_first_cell(ROOT / chapter.notebook, chapter.id, chapter) == []
     assert (
         f"Estimated time: {chapter.minutes} minutes"
         in course.first_cell_text(ROOT / chapter.notebook)[1]

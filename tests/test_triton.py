@@ -356,7 +356,7 @@ def test_gpu_refuses_cpu_tensors():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from flashedu import decoding  # noqa: E402
+from flashedu import decoding, triton_common  # noqa: E402
 from flashedu import triton_backward as tb  # noqa: E402
 from flashedu import triton_intro as ti  # noqa: E402
 
@@ -375,7 +375,7 @@ def _ranges_kernel(
 ):
     first = tl.program_id(0) * BLOCK_M
     last = tl.minimum(first + BLOCK_M, N_q) - 1
-    lo, full_lo, full_hi, hi = ta._block_range(
+    lo, full_lo, full_hi, hi = triton_common.block_range(
         first, last, N_k, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N
     )
     tl.store(
@@ -471,7 +471,7 @@ def test_preprocess_is_the_row_sum_of_do_times_o(make_qkv, rng):
 
 # ---- the GPU check's own pieces, on whatever device is here --------------------------------------
 def test_gpu_check_oracle_matches_reference_and_grades_a_case():
-    from flashedu import gpu_check
+    from flashedu.bench import gpu_check
 
     assert gpu_check.self_check() < 1e-12
     case = dict(
@@ -505,7 +505,7 @@ def test_gpu_check_oracle_matches_reference_and_grades_a_case():
 
 
 def test_bench_table_reports_ratios_from_the_same_rows():
-    from flashedu import bench_gpu
+    from flashedu.bench import gpu as bench_gpu
 
     rows = [
         {
