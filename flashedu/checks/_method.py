@@ -64,6 +64,7 @@ _CORE = (
     "api",
     "autograd",
     "decoding",
+    "gpt",
     "masks",
     "naive",
     "reference",
