@@ -273,3 +273,21 @@ def test_every_grader_module_has_its_tests(module):
     assert (ROOT / "tests" / f"test_checks_ch{nn}.py").exists(), (
         f"{module} has no tests/test_checks_ch{nn}.py"
     )
+
+
+def test_an_answer_the_check_cannot_compare_is_reported_not_raised():
+    def check(got, expected):
+        return bool(got == expected), "compared"  # ambiguous for an array
+
+    report = grade("kind", lambda x: np.zeros(3), _cases("full", check=check), out=len)
+    assert not report.passed and "an answer of type ndarray" in report.text
+
+
+@pytest.mark.parametrize("name", GRADER_NAMES)
+def test_every_report_fits_100_columns(name):
+    def crash(*args, **kwargs):
+        return 1 / 0
+
+    lines, out = _lines()
+    checks.GRADERS[name](crash, seed=1, out=out)
+    assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
