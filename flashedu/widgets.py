@@ -104,7 +104,7 @@ def explorer_details_html(state: dict) -> str:
     """The explorer's detail: bytes per tensor and direction, and the tiles one thread block keeps
     in SRAM."""
     t = state["traffic"]
-    names = sorted(set(t.reads) | set(t.writes), key=traffic._order)
+    names = sorted(set(t.reads) | set(t.writes), key=traffic.tensor_order)
     rows = [_row("tensor", "read: HBM → SRAM", "written: SRAM → HBM", tag="th")]
     rows += [_row(n, f"{t.reads.get(n, 0):,}", f"{t.writes.get(n, 0):,}") for n in names]
     rows.append(_row("<b>total</b>", f"<b>{t.read_bytes:,}</b>", f"<b>{t.write_bytes:,}</b>"))
