@@ -202,3 +202,17 @@ def test_no_private_name_is_imported_from_another_module(module):
     assert not new, "make the name public or move it below both: " + "; ".join(new)
     fixed = known - set(taken)
     assert not fixed, f"no longer taken, remove from KNOWN_PRIVATE[{module!r}]: {sorted(fixed)}"
+
+
+def test_the_library_never_imports_the_test_helpers():
+    """flashedu.testing serves tests/, the graders (checks) and the benchmarks (bench), which judge
+    answers; the library they judge does not lean on it."""
+    tools = ("flashedu.testing", "flashedu.checks", "flashedu.bench")
+    leaning = sorted(
+        f"{MODULES[m].relative_to(PACKAGE.parent)}:{line}"
+        for m in MODULES
+        if not m.startswith(tools)
+        for dep, _, line, _ in imports(m)
+        if dep == "flashedu.testing"
+    )
+    assert not leaning, f"imports flashedu.testing: {leaning}"
