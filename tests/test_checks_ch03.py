@@ -59,7 +59,7 @@ def test_tiled_attention_accepts_a_learners_loop():
 def test_tiled_attention_names_each_planted_bug_once(kw, words):
     report, text = run_grader(checks.tiled_attention, lambda *a, **k: _tiled(*a, **k, **kw), 2)
     assert not report.passed and words in report.diagnosis, text
-    assert text.count("what is wrong") == 1 and "formula: checks.hint" in text
+    assert text.count("what is wrong") == 1 and "checks.hint(checks.tiled_attention)" in text
 
 
 def _causal_scores(q, k, causal):

@@ -53,6 +53,7 @@ _TOOLS = (
     "flashedu.checks",
     "flashedu.course",
     "flashedu.data",
+    "flashedu.dtypes",  # the dtype names and accumulation rule testing.tolerance uses
     "flashedu.kernel_traffic",  # traffic.measure's hooks run inside a graded kernel
     "flashedu.ledger",
     "flashedu.nb",
@@ -67,6 +68,7 @@ _CORE = (
     "api",
     "autograd",
     "decoding",
+    "gpt",
     "masks",
     "naive",
     "reference",

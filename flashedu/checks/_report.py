@@ -203,10 +203,11 @@ def lead_block(name, fn, cases, outcomes, lead, diagnosis, seed, formula) -> lis
     lines += _wrap(f"what is wrong: {diagnosis}", "  ")
     seeded = f"; seed={seed}" if seed is not None else ""
     lines += _wrap(f"inputs: {_inputs(fn, c)}{seeded}", "  ")
-    more = f"rerun these inputs: checks.{name}(..., seed={seed})" if seed is not None else ""
+    if seed is not None:
+        lines.append(f"  the same inputs again: checks.{name}(your_function, seed={seed})")
     if formula:
-        more += ("; " if more else "") + f"the formula: checks.hint(checks.{name})"
-    return lines + (_wrap(more, "  ") if more else [])
+        lines.append(f"  the formula, if you want it: checks.hint(checks.{name})")
+    return lines
 
 
 def choose(cases, outcomes) -> tuple[int, str]:

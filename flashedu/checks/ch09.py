@@ -22,8 +22,8 @@ _F64 = Tolerance(1e-10, 1e-10)
 
 
 def _same(got, expected):
-    ok = got == expected
-    return ok, f"{got!r}" + ("" if ok else f", expected {expected!r}")
+    ok = type(got) is type(expected) and got == expected
+    return ok, f"{got!r}"[:60] + ("" if ok else f", expected {expected!r}")
 
 
 def _block_specs(rng):
