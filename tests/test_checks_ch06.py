@@ -418,3 +418,16 @@ def test_a_dot_without_input_precision_is_exact_under_the_interpreter():
 def test_a_dot_without_input_precision_is_named_tf32_on_a_gpu():
     report, text = run_grader(checks.triton_forward, planted(bad_forward, "default dot"), seed=11)
     assert not report.passed and "TF32-sized error" in flat(text), text
+
+
+@pytest.mark.parametrize("grader", ["triton_forward", "triton_dkdv", "triton_dq"])
+def test_the_solution_shown_is_a_kernel_written_from_the_skeleton(grader):
+    from flashedu import nb
+
+    g = checks.GRADERS[grader]
+    text = nb.source(checks.solution_function(g))
+    assert text.startswith("@triton.jit\ndef ") and "_program(" in text, text[:200]
+    assert "input_precision=PRECISION" in text
+    hints = []
+    checks.hint(g, out=hints.append)
+    assert any("sm_scale" in line for line in hints), hints
