@@ -21,11 +21,12 @@ def _is_torch(x) -> bool:
 
 
 def check_qkv(
-    q, k, v, *, name: str = "attention", kind: str | None = None
+    q, k, v, *, name: str = "attention", kind: str | None = None, value_dim: bool = False
 ) -> tuple[int, int, int, int, int, int]:
     """Validate q (B, H, N_q, d), k and v (B, H_kv, N_k, d) with H % H_kv == 0.
 
-    `kind` is "numpy" or "torch" when the implementation needs one array kind.
+    `kind` is "numpy" or "torch" when the implementation needs one array kind. With
+    `value_dim=True` v may have its own head dim, (B, H_kv, N_k, d_v), as in PyTorch's SDPA (Ev).
     Returns (B, H, H_kv, N_q, N_k, d).
     """
     for arg, x in (("q", q), ("k", k), ("v", v)):
@@ -44,9 +45,11 @@ def check_qkv(
             raise ValueError(
                 f"{name}: {arg} must have shape (B, H, N, d) (4 dims), got shape {_shape(x)}"
             )
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3] or (k.shape != v.shape and not value_dim):
         raise ValueError(
-            f"{name}: k and v must have the same shape, got {_shape(k)} and {_shape(v)}"
+            f"{name}: k and v must have the same shape"
+            + (" up to the head dim" if value_dim else "")
+            + f", got {_shape(k)} and {_shape(v)}"
         )
     B, H, N_q, d = q.shape
     B_k, H_kv, N_k, d_k = k.shape
@@ -58,7 +61,7 @@ def check_qkv(
         raise ValueError(
             f"{name}: q has H={H} heads, which is not a multiple of k and v's H_kv={H_kv} heads"
         )
-    if N_q == 0 or N_k == 0 or d == 0 or B == 0:
+    if N_q == 0 or N_k == 0 or d == 0 or B == 0 or v.shape[3] == 0:
         raise ValueError(f"{name}: empty input: q has shape {_shape(q)}, k has shape {_shape(k)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(
@@ -104,12 +107,15 @@ def resolve_scale(softmax_scale, d: int, *, name: str = "attention") -> float:
     return scale
 
 
-def check_backward(do, o, lse, q, *, name: str = "attention backward") -> None:
-    """do and o must have q's shape; lse must be (B, H, N_q)."""
-    if _shape(do) != _shape(q):
-        raise ValueError(f"{name}: do must have q's shape {_shape(q)}, got {_shape(do)}")
-    if _shape(o) != _shape(q):
-        raise ValueError(f"{name}: o must have q's shape {_shape(q)}, got {_shape(o)}")
+def check_backward(do, o, lse, q, *, name: str = "attention backward", v=None) -> None:
+    """do and o must have q's shape (with v given: (B, H, N_q, d_v), v's head dim); lse must be
+    (B, H, N_q)."""
+    out = _shape(q) if v is None else _shape(q)[:3] + _shape(v)[3:]
+    whose = "q's shape" if out == _shape(q) else "shape (B, H, N_q, d_v)"
+    if _shape(do) != out:
+        raise ValueError(f"{name}: do must have {whose} {out}, got {_shape(do)}")
+    if _shape(o) != out:
+        raise ValueError(f"{name}: o must have {whose} {out}, got {_shape(o)}")
     if _shape(lse) != _shape(q)[:3]:
         raise ValueError(
             f"{name}: lse must have shape (B, H, N_q) = {_shape(q)[:3]}, got {_shape(lse)}"
