@@ -133,23 +133,18 @@ def _attn_fwd(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    O += b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    LSE += b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-    K += b.to(tl.int64) * stride_kb + (h // GROUP).to(tl.int64) * stride_kh  # GQA: shared K/V
-    V += b.to(tl.int64) * stride_vb + (h // GROUP).to(tl.int64) * stride_vh
-    if VARLEN:  # one packed sequence: move to its first row and key
-        q_start = tl.load(CU_Q + b)
-        k_start = tl.load(CU_K + b)
-        N_q = tl.load(CU_Q + b + 1) - q_start
-        N_k = tl.load(CU_K + b + 1) - k_start
+    q_start = 0  # first row and key of the sequence (packed sequences only)
+    k_start = 0
+    if VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
         if pid_m * BLOCK_M >= N_q:
             return
-        Q += q_start.to(tl.int64) * stride_qm
-        O += q_start.to(tl.int64) * stride_om
-        LSE += q_start.to(tl.int64)
-        K += k_start.to(tl.int64) * stride_kn
-        V += k_start.to(tl.int64) * stride_vn
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+    K += b.to(tl.int64) * stride_kb + (h // GROUP).to(tl.int64) * stride_kh + k_start * stride_kn
+    V += b.to(tl.int64) * stride_vb + (h // GROUP).to(tl.int64) * stride_vh + k_start * stride_vn
     ARGS = MOD_ARGS + b * stride_ab + h * stride_ah  # this (batch, head)'s score-mod arguments
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -188,8 +183,10 @@ def _attn_fwd(
     empty = l_i == 0.0  # fully masked row: o = 0, lse = -inf
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, -float("inf"), (m_i + tl.math.log2(l_use)) * 0.6931471805599453)
+    LSE += b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(LSE + rows, lse, mask=rows < N_q)  # HBM: write BLOCK_M
     o = acc / l_use[:, None]
+    O += b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
     # HBM: write BLOCK_M * d_v
     store_tile(O + rows[:, None] * stride_om + dims_v[None, :], o.to(O.dtype.element_ty), rows,
                N_q, dims_v, V_DIM, BLOCK_DV)  # fmt: skip

@@ -91,9 +91,10 @@ def _dkdv_inner(
     dims_v = tl.arange(0, BLOCK_DV)
     for start_m in tl.range(start, end, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
+        q_ptrs = Q + rows[:, None] * stride_qm + dims[None, :]
+        do_ptrs = DO + rows[:, None] * stride_dm + dims_v[None, :]
         # HBM: read BLOCK_M * d of Q, BLOCK_M * d_v of dO, BLOCK_M of lse and D
-        q = load_tile(Q + rows[:, None] * stride_qm + dims[None, :], rows, N_q, dims, HEAD_DIM,
-                      BLOCK_D, MASK)  # fmt: skip
+        q = load_tile(q_ptrs, rows, N_q, dims, HEAD_DIM, BLOCK_D, MASK)
         if MASK:
             lse2 = tl.load(LSE + rows, mask=rows < N_q, other=0.0) * 1.4426950408889634
         else:
@@ -113,8 +114,7 @@ def _dkdv_inner(
         if MASK:
             keep = _visible_t(rows, cols, N_q, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
             p_t = tl.where(keep, p_t, 0.0)
-        do = load_tile(DO + rows[:, None] * stride_dm + dims_v[None, :], rows, N_q, dims_v, V_DIM,
-                       BLOCK_DV, MASK)  # fmt: skip
+        do = load_tile(do_ptrs, rows, N_q, dims_v, V_DIM, BLOCK_DV, MASK)
         if MASK:
             delta = tl.load(DELTA + rows, mask=rows < N_q, other=0.0)
         else:
@@ -154,29 +154,17 @@ def _attn_bwd_dkdv(
     H_kv = H // GROUP
     b = bh // H_kv
     h_kv = bh % H_kv
-    K += b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    V += b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    DK += b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh
-    DV += b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh
-    Q += b.to(tl.int64) * stride_qb
-    DO += b.to(tl.int64) * stride_db
-    LSE += b.to(tl.int64) * stride_lb
-    DELTA += b.to(tl.int64) * stride_lb
+    q_start = 0  # first row and key of the sequence (packed sequences only)
+    k_start = 0
     if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        k_start = tl.load(CU_K + b)
-        N_q = tl.load(CU_Q + b + 1) - q_start
-        N_k = tl.load(CU_K + b + 1) - k_start
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
         if pid_n * BLOCK_N >= N_k:
             return
-        K += k_start.to(tl.int64) * stride_kn
-        V += k_start.to(tl.int64) * stride_vn
-        DK += k_start.to(tl.int64) * stride_dkn
-        DV += k_start.to(tl.int64) * stride_dvn
-        Q += q_start.to(tl.int64) * stride_qm
-        DO += q_start.to(tl.int64) * stride_dm
-        LSE += q_start.to(tl.int64)
-        DELTA += q_start.to(tl.int64)
+    K += b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh + k_start * stride_kn
+    V += b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh + k_start * stride_vn
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
@@ -199,10 +187,11 @@ def _attn_bwd_dkdv(
     )
     for g in range(GROUP):  # GQA: the query heads sharing this K/V head add into one dK, dV
         h = h_kv * GROUP + g
-        Qh = Q + h.to(tl.int64) * stride_qh
-        DOh = DO + h.to(tl.int64) * stride_dh
-        LSEh = LSE + h.to(tl.int64) * stride_lh
-        DELTAh = DELTA + h.to(tl.int64) * stride_lh
+        Qh = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+        DOh = DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + q_start * stride_dm
+        row0 = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start  # lse and D
+        LSEh = LSE + row0
+        DELTAh = DELTA + row0
         ARGS = MOD_ARGS + b * stride_ab + h * stride_ah
         if HAS_RIGHT:  # queries on the causal diagonal (or the window's right edge)
             dk, dv = _dkdv_inner(
@@ -223,6 +212,8 @@ def _attn_bwd_dkdv(
             SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_M, HEAD_DIM, V_DIM, BLOCK_D,
             BLOCK_DV,
         )  # fmt: skip
+    DK += b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh + k_start * stride_dkn
+    DV += b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh + k_start * stride_dvn
     # HBM: write BLOCK_N * (d + d_v)
     store_tile(DK + cols[:, None] * stride_dkn + dims[None, :], (dk * sm_scale).to(
         DK.dtype.element_ty), cols, N_k, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
@@ -288,27 +279,20 @@ def _attn_bwd_dq(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    DO += b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh
-    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
-    LSE += b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-    DELTA += b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-    K += b.to(tl.int64) * stride_kb + (h // GROUP).to(tl.int64) * stride_kh
-    V += b.to(tl.int64) * stride_vb + (h // GROUP).to(tl.int64) * stride_vh
+    q_start = 0  # first row and key of the sequence (packed sequences only)
+    k_start = 0
     if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        k_start = tl.load(CU_K + b)
-        N_q = tl.load(CU_Q + b + 1) - q_start
-        N_k = tl.load(CU_K + b + 1) - k_start
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_k = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
         if pid_m * BLOCK_M >= N_q:
             return
-        Q += q_start.to(tl.int64) * stride_qm
-        DO += q_start.to(tl.int64) * stride_dm
-        DQ += q_start.to(tl.int64) * stride_dqm
-        LSE += q_start.to(tl.int64)
-        DELTA += q_start.to(tl.int64)
-        K += k_start.to(tl.int64) * stride_kn
-        V += k_start.to(tl.int64) * stride_vn
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+    DO += b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + q_start * stride_dm
+    row0 = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start  # lse and D
+    K += b.to(tl.int64) * stride_kb + (h // GROUP).to(tl.int64) * stride_kh + k_start * stride_kn
+    V += b.to(tl.int64) * stride_vb + (h // GROUP).to(tl.int64) * stride_vh + k_start * stride_vn
     ARGS = MOD_ARGS + b * stride_ab + h * stride_ah
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -321,10 +305,10 @@ def _attn_bwd_dq(
                   BLOCK_D, True)  # fmt: skip
     do = load_tile(DO + rows[:, None] * stride_dm + dims_v[None, :], rows, N_q, dims_v, V_DIM,
                    BLOCK_DV, True)  # fmt: skip
-    lse2 = tl.load(LSE + rows, mask=row_mask, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + row0 + rows, mask=row_mask, other=0.0) * 1.4426950408889634
     if HAS_MOD:  # a row the mod hid entirely (lse = -inf) gets P = 0, not NaN
         lse2 = tl.where(lse2 == -float("inf"), float("inf"), lse2)
-    delta = tl.load(DELTA + rows, mask=row_mask, other=0.0)
+    delta = tl.load(DELTA + row0 + rows, mask=row_mask, other=0.0)
     if UPCAST:
         q, do = q.to(tl.float32), do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -349,6 +333,7 @@ def _attn_bwd_dq(
         sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, SCORE_GRAD,
         HAS_GRAD, True, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + q_start * stride_dqm
     # HBM: write BLOCK_M * d
     store_tile(DQ + rows[:, None] * stride_dqm + dims[None, :], (dq * sm_scale).to(
         DQ.dtype.element_ty), rows, N_q, dims, HEAD_DIM, BLOCK_D)  # fmt: skip

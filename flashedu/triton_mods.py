@@ -38,8 +38,6 @@ import triton  # noqa: E402  (after flashedu._env, which may set TRITON_INTERPRE
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import KernelInterface
 
-from .triton_common import LOG2E
-
 
 @triton.jit
 def tanh(x):
@@ -157,4 +155,4 @@ def resolve(score_mod, alibi_slopes, B: int, H: int, device, name: str):
 @triton.jit
 def mod_scores(qk, sm_scale, b, h, q_idx, kv_idx, args, SCORE_MOD: tl.constexpr):
     """The mod applied to one tile of raw dots qk, returned in log2 units (the kernels' exp2)."""
-    return SCORE_MOD(qk * sm_scale, b, h, q_idx, kv_idx, args) * LOG2E
+    return SCORE_MOD(qk * sm_scale, b, h, q_idx, kv_idx, args) * 1.4426950408889634  # log2(e)
