@@ -73,9 +73,10 @@ def test_the_toy_course_is_consistent(toy):
     assert course.check(toy) == []
 
 
-def test_manifest_lists_ten_chapters_in_order():
+def test_manifest_lists_the_chapters_in_order():
     _, chapters = course.load()
-    assert [c.id[:2] for c in chapters] == [f"{i:02d}" for i in range(10)]
+    assert len(chapters) >= 10
+    assert [c.id[:2] for c in chapters] == [f"{i:02d}" for i in range(len(chapters))]
 
 
 @pytest.mark.parametrize(
