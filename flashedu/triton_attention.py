@@ -56,6 +56,7 @@ from .triton_launch import (  # noqa: F401
     out_dtype,
     plan,
     rows_contiguous,
+    strides,
 )
 from .triton_mods import mod_scores
 from .triton_tiles import load_tile, store_tile
@@ -213,19 +214,25 @@ def _fwd_table(d, wide):
 _attn_fwd_tuned = autotuned(_attn_fwd, _fwd_table, MASK_KEY)
 
 
-def run_forward(q, k, v, pl: Plan, config, cu=None, max_seqlen_q=None):
+def run_forward(q, k, v, pl: Plan, config, cu=None, max_seqlen_q=None, out=None):
     """Launch the forward kernel for a plan: o (B, H, N_q, d_v) and lse (B, H, N_q).
 
     Packed sequences (cu = (cu_seqlens_q, cu_seqlens_k) int32): q, k, v are (1, H, total, d) views
-    of the packed tensors, the grid covers `max_seqlen_q` rows, and lse is (1, H, total_q)."""
+    of the packed tensors, the grid covers `max_seqlen_q` rows, and lse is (1, H, total_q). `out`:
+    where to write o (any strides, unit stride along d_v), in `out_dtype`."""
     q, k, v = rows_contiguous(q), rows_contiguous(k), rows_contiguous(v)
-    o = q.new_empty((*q.shape[:3], v.shape[-1]), dtype=out_dtype(q, pl.flags))
+    o = (
+        q.new_empty((*q.shape[:3], v.shape[-1]), dtype=out_dtype(q, pl.flags))
+        if out is None
+        else out
+    )
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    cu_q, cu_k = cu if cu is not None else (lse, lse)  # any pointer when not packed
+    packed = cu is not None
+    cu_q, cu_k = cu if packed else (lse, lse)  # any pointer when not packed
     args = (
         q, k, v, o, lse, pl.mod_pointer(lse), cu_q, cu_k,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        0 if cu is not None else lse.stride(0), lse.stride(1), pl.stride_ab, pl.stride_ah,
+        *strides(q, packed), *strides(k, packed), *strides(v, packed), *strides(o, packed),
+        0 if packed else lse.stride(0), lse.stride(1), pl.stride_ab, pl.stride_ah,
         pl.scale, pl.H, pl.H // pl.H_kv, pl.N_q, pl.N_k, pl.left, pl.right,
         n_key(pl.N_q, pl.N_k) if cu is None else n_key(max_seqlen_q, max_seqlen_q),
     )  # fmt: skip

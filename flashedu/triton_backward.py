@@ -37,6 +37,7 @@ from .triton_launch import (
     out_dtype,
     plan,
     rows_contiguous,
+    strides,
 )
 from .triton_mods import identity
 from .triton_tiles import load_tile, pad_dim, store_tile
@@ -454,23 +455,25 @@ def run_backward(
     q, k, v, o, do = (rows_contiguous(x) for x in (q, k, v, o, do))
     lse = lse.contiguous()
     delta = preprocess(o, do)  # the layout of lse, (B, H, N_q)
-    dq, dk, dv = (x.new_empty(x.shape, dtype=out_dtype(q, flags)) for x in (q, k, v))
-    cu_q, cu_k = cu if cu is not None else (lse, lse)  # any pointer when not packed
+    # the gradients take the inputs' strides (a packed layout stays packed)
+    dq, dk, dv = (torch.empty_like(x, dtype=out_dtype(q, flags)) for x in (q, k, v))
+    packed = cu is not None
+    cu_q, cu_k = cu if packed else (lse, lse)  # any pointer when not packed
     rows_q, rows_k = (pl.N_q, pl.N_k) if cu is None else max_seqlen
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    common = tuple(st for x in (q, k, v, do) for st in strides(x, packed))
     tail = (
-        0 if cu is not None else lse.stride(0), lse.stride(1), pl.stride_ab, pl.stride_ah,
+        0 if packed else lse.stride(0), lse.stride(1), pl.stride_ab, pl.stride_ah,
         pl.scale, pl.H, pl.H // pl.H_kv, pl.N_q, pl.N_k, pl.left, pl.right, n_key(rows_q, rows_k),
     )  # fmt: skip
     mod_args = pl.mod_pointer(lse)
     if "dkdv" in kernels:
         grid = lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), pl.B * pl.H_kv)  # noqa: E731
-        args = (q, k, v, do, lse, delta, dk, dv, mod_args, cu_q, cu_k, *strides,
-                *dk.stride()[:3], *dv.stride()[:3], *tail)  # fmt: skip
+        args = (q, k, v, do, lse, delta, dk, dv, mod_args, cu_q, cu_k, *common,
+                *strides(dk, packed), *strides(dv, packed), *tail)  # fmt: skip
         launch(_attn_bwd_dkdv_tuned, _attn_bwd_dkdv, grid, args, flags, cfg_dkdv)
     if "dq" in kernels:
         grid = lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), pl.B * pl.H)  # noqa: E731
-        args = (q, k, v, do, lse, delta, dq, mod_args, cu_q, cu_k, *strides, *dq.stride()[:3],
-                *tail)  # fmt: skip
+        args = (q, k, v, do, lse, delta, dq, mod_args, cu_q, cu_k, *common,
+                *strides(dq, packed), *tail)  # fmt: skip
         launch(_attn_bwd_dq_tuned, _attn_bwd_dq, grid, args, flags, cfg_dq)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)

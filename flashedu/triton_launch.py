@@ -230,6 +230,13 @@ def _check_slopes(alibi_slopes, B, H, device, name):
     return slopes.to(device).contiguous(), (H if slopes.ndim == 2 else 0)
 
 
+def strides(x: torch.Tensor, packed: bool = False) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a (B, H, N, d) tensor as the kernels take them. Packed
+    sequences have no batch stride: the grid's batch axis runs over sequences, which the kernels
+    locate through cu_seqlens."""
+    return (0 if packed else x.stride(0), x.stride(1), x.stride(2))
+
+
 def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
     """The kernels need unit stride along d; any other strides are passed through."""
     return x if x.stride(-1) == 1 else x.contiguous()

@@ -17,7 +17,8 @@ result is FlexAttention's document mask over the packed tokens (`flashedu.flex.d
 here, `loop`, runs flashedu's (B=1) attention per sequence through autograd: exact, differentiable,
 one launch per sequence. A kernel that takes the packed tensors in one launch registers itself in
 `PACKED` under an implementation's name and is used for that name (and by "auto" for CUDA tensors
-when registered as "triton"); it must accept the arguments of `loop` but `impl`.
+when registered as "triton"); it must accept the arguments of `loop` but `impl`. "triton" is
+`flashedu.triton_varlen`: the Triton kernels over the packed tensors, one launch per kernel.
 
 Introduced in notebooks/10_in_practice.ipynb.
 """
@@ -31,9 +32,18 @@ import torch
 from ._validate import resolve_scale
 from .api import attention
 
-PACKED: dict[
-    str, Callable
-] = {}  # impl name -> one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, ...)
+
+def _triton(*args, **kwargs):
+    """The one-launch Triton path, `flashedu.triton_varlen.attention_varlen`, imported on first
+    use (so this module does not import triton)."""
+    from .triton_varlen import attention_varlen as one_launch
+
+    return one_launch(*args, **kwargs)
+
+
+# impl name -> one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, ...)
+PACKED: dict[str, Callable] = {"triton": _triton}
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
 
 
 def _check_tensors(q, k, v) -> None:
@@ -197,7 +207,8 @@ def attention_varlen(
     if not isinstance(causal, bool):
         raise TypeError(f"attention_varlen: causal must be a bool, got {causal!r}")
     scale = resolve_scale(softmax_scale, q.shape[2], name="attention_varlen")
-    name = "triton" if impl == "auto" and q.is_cuda and "triton" in PACKED else impl
+    triton_ok = q.is_cuda and q.dtype in _TRITON_DTYPES and q.shape[2] <= 256
+    name = "triton" if impl == "auto" and triton_ok and "triton" in PACKED else impl
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if name in PACKED:
         return PACKED[name](*args, causal=causal, softmax_scale=scale)
