@@ -18,8 +18,10 @@ gradients and `torch.func.jacrev` work with every implementation. `torch.compile
 traces a call through a torch implementation (`torch_tiled`); the NumPy ones copy tensors to host
 arrays, which a graph cannot hold.
 
-Limits: first derivatives only. Asking for a gradient of a gradient (double backward) raises
-NotImplementedError; no gradient flows to `alibi_slopes` or other extras.
+Limits: first derivatives in reverse mode only. Asking for a gradient of a gradient (double
+backward) raises NotImplementedError, and so does forward mode (`torch.func.jvp`, `jacfwd`,
+`hessian`: PyTorch's own message, since a custom `jvp` would keep torch.compile from tracing the
+Function); no gradient flows to `alibi_slopes` or other extras.
 
 Introduced in notebooks/05_pytorch_autograd.ipynb.
 """

@@ -153,7 +153,7 @@ def backward(
     B, H, H_kv, N_q, N_k, d = check_qkv(
         q, k, v, name="naive.backward", kind="numpy", value_dim=True
     )
-    check_backward(do, o, lse, q, name="naive.backward", v=v)
+    check_backward(do, o, lse, q, name="naive.backward", kind="numpy", v=v)
     scale = resolve_scale(softmax_scale, d, name="naive.backward")
     window_size = check_window(window_size, name="naive.backward")
     causal = check_causal(causal, name="naive.backward")

@@ -53,6 +53,7 @@ from . import softmax
 from ._validate import (
     check_backward,
     check_causal,
+    check_do,
     check_qkv,
     check_slopes,
     check_window,
@@ -305,7 +306,7 @@ def backward(
     and lse from `forward`.
     """
     ring = _Ring(q, k, v, causal, softmax_scale, window_size, alibi_slopes, "ring.backward")
-    check_backward(do, o, lse, q, name="ring.backward")
+    check_backward(do, o, lse, q, name="ring.backward", kind="torch")
     acc = ring.acc
     q_a, do_a, lse_a = q.to(acc), do.to(acc), lse.to(acc)
     D = (do_a * o.to(acc)).sum(dim=-1)  # D = rowsum(dO * O), (B, H, n_q)
@@ -473,7 +474,7 @@ def _check_launch(world_size, backend, device, problems) -> None:
         check_window(p["kwargs"].get("window_size"), name="ring.run")
         check_slopes(p["kwargs"].get("alibi_slopes"), H, name="ring.run")
         if p.get("do") is not None:
-            check_backward(p["do"], p["q"], p["q"][..., 0], p["q"], name="ring.run")
+            check_do(p["do"], p["q"], name="ring.run")
 
 
 def _gather(outs: list, template, key: str, axis: int = 2):

@@ -121,7 +121,7 @@ def backward(
         block_m=block_m,
         block_n=block_n,
     )
-    check_backward(do, o, lse, q, name="tiled.backward", v=v)
+    check_backward(do, o, lse, q, name="tiled.backward", kind="numpy", v=v)
     _fit(p, ledger)
     qs = p.grouped(q.astype(p.acc) * p.acc.type(p.scale))  # (B, H_kv, g, N_q, d)
     k = k.astype(p.acc, copy=False)[:, :, None]  # (B, H_kv, 1, N_k, d)

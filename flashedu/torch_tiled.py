@@ -205,7 +205,7 @@ def backward(
     B, H, H_kv, N_q, N_k, d = check_qkv(
         q, k, v, name="torch_tiled.backward", kind="torch", value_dim=True
     )
-    check_backward(do, o, lse, q, name="torch_tiled.backward", v=v)
+    check_backward(do, o, lse, q, name="torch_tiled.backward", kind="torch", v=v)
     scale = resolve_scale(softmax_scale, d, name="torch_tiled.backward")
     causal = check_causal(causal, name="torch_tiled.backward")
     block_m = check_block(block_m, "block_m", name="torch_tiled.backward")
