@@ -6,7 +6,10 @@
 * `roofline_plot(gpu="H200", ...)`: standard and flash attention placed on a preset's roofline.
 * `tile_stepper(N_q=..., N_k=..., ...)`: play/step through the ledger that `tiled.forward` fills:
   which Q and K/V blocks sit in SRAM, which S tile is computed or skipped, the running m and l,
-  bytes so far.
+  bytes so far; with `measured=True` (or your launcher) also what a Triton kernel's program really
+  moved for each tile.
+* `measured_explorer(run)`: a Triton kernel's measured bytes per tensor beside the closed form,
+  and its programs one by one (`flashedu.measured_widgets`).
 
 Every number shown comes from a pure function in `flashedu.viz` (which reads `flashedu.traffic`),
 and each widget keeps its last result in `.state` (or `.frames`) and its last figure in `.figure`,
@@ -24,18 +27,30 @@ import math
 import ipywidgets as W
 import numpy as np
 
-from . import traffic, viz
+from . import replay, traffic, viz
+from .measured_widgets import MeasuredExplorer, measured_explorer  # noqa: F401  (re-exported)
 from .nb import fmt_bytes
 
 _WIDE = {"description_width": "110px"}
-_N_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(7, 18)]
+_N_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(7, 21)]  # 128 ... 1,048,576 tokens
+_D_OPTIONS = [32, 64, 128, 256]
 _ALGORITHMS = [
     ("standard", "naive"),
     ("FA1 order", "fa1"),
     ("FA2 order", "fa2"),
     ("backward", "backward"),
 ]
-_BLOCKS = [("auto (paper rule)", 0)] + [(str(b), b) for b in (16, 32, 64, 128, 256)]
+_BLOCKS = [("auto (tile rule)", 0)] + [(str(b), b) for b in (16, 32, 64, 128, 256)]
+_TILE_RULES = [("powers of two that fit", "fit"), ("paper's rule (may overflow)", "paper")]
+
+
+def _option(widget: str, arg: str, value, options) -> None:
+    """A ValueError naming the argument, the value and the control's options, instead of the
+    TraitError a control would raise."""
+    values = [o[1] if isinstance(o, tuple) else o for o in options]
+    if value not in values:
+        hint = " (viz.explorer_state takes any N)" if arg == "N" else ""
+        raise ValueError(f"{widget}: {arg}={value!r} is not one of the options {values}{hint}")
 
 
 def _row(*cells, tag="td") -> str:
@@ -54,11 +69,13 @@ def explorer_html(state: dict) -> str:
     """The explorer's headline: total HBM bytes, the standard/flash ratio and the roofline
     verdict."""
     t, r, g = state["traffic"], state["roofline"], traffic.GPUS[state["gpu"]]
-    why = (
-        "bytes set the time: each byte brings too little arithmetic to keep the tensor cores busy"
-        if r.bound == "memory"
-        else "arithmetic sets the time: each byte fetched feeds enough FLOPs"
-    )
+    why = {
+        "memory": "bytes set the time: each byte brings too little arithmetic to keep the tensor "
+        "cores busy",
+        "compute": "arithmetic sets the time: each byte fetched feeds enough FLOPs",
+        "exp": "the exponentials set the time: the special-function units "
+        f"({g.sfu_tflops or 0:.1f} T exp/s) are slower than the matmuls they feed",
+    }[r.bound]
     return (
         "<div class='fe-explorer' style='line-height:1.5'>"
         "<div style='font-size:1.15em'>HBM traffic: "
@@ -67,7 +84,19 @@ def explorer_html(state: dict) -> str:
         f" &nbsp;·&nbsp; standard / flash = <b class='fe-ratio'>{state['ratio']:.1f}x</b></div>"
         f"<div>Roofline on {g.name}: <b class='fe-bound'>{r.bound}-bound</b>, at least "
         f"<b class='fe-time'>{viz.fmt_time(r.time)}</b>. Intensity {r.intensity:.1f} FLOP/byte "
-        f"{'below' if r.bound == 'memory' else 'above'} the ridge {r.ridge:.0f}: {why}.</div></div>"
+        f"{'below' if r.intensity < r.ridge else 'above'} the ridge {r.ridge:.0f}: {why}.</div>"
+        f"<div class='fe-exp'>{_exp_line(state)}</div></div>"
+    )
+
+
+def _exp_line(state: dict) -> str:
+    r, g = state["roofline"], traffic.GPUS[state["gpu"]]
+    if g.sfu_flops is None:
+        return f"Exponentials: {state['exps']:,.0f} (no special-function rate cited for {g.name})."
+    return (
+        f"Exponentials: {state['exps']:,.0f} on the special-function units at "
+        f"{g.sfu_tflops:.1f} T/s take {viz.fmt_time(r.t_exp)}, beside "
+        f"{viz.fmt_time(r.t_compute)} of matmuls (FA3, arXiv:2407.08608, Sec. 3.2)."
     )
 
 
@@ -84,11 +113,11 @@ def explorer_details_html(state: dict) -> str:
         used = sum(tiles.values())
         if state["fits"]:
             verdict = "fits"
-        elif state["auto_blocks"]:
+        elif state["auto_blocks"] and state["tile_rule"] == "paper":
             verdict = (
                 f"{used / state['sram_bytes'] - 1:.0%} over: "
                 "the paper's rule sizes tiles to the order of the "
-                "SRAM, not under it; a real kernel would pick the next smaller power of two"
+                "SRAM, not under it; 'powers of two that fit' picks tiles a kernel can use"
             )
         else:
             verdict = "<b style='color:#c44e52'>does NOT fit: smaller blocks needed</b>"
@@ -96,7 +125,8 @@ def explorer_details_html(state: dict) -> str:
             "<b>SRAM, one thread block</b> "
             f"(block_m={state['block_m']}, block_n={state['block_n']}): "
             + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tiles.items())
-            + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}"
+            + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}. "
+            + f"Tile rule: {viz.TILE_RULES[state['tile_rule']]}."
         )
     else:
         sram = (
@@ -127,7 +157,20 @@ class TrafficExplorer(W.VBox):
         causal=False,
         B=1,
         H=1,
+        tile_rule="fit",
     ):
+        name = "traffic_explorer"
+        for arg, value, options in (
+            ("N", N, _N_OPTIONS),
+            ("d", d, _D_OPTIONS),
+            ("dtype", dtype, list(viz.ITEMSIZE)),
+            ("gpu", gpu, list(traffic.GPUS)),
+            ("algorithm", algorithm, _ALGORITHMS),
+            ("block_m", block_m or 0, _BLOCKS),
+            ("block_n", block_n or 0, _BLOCKS),
+            ("tile_rule", tile_rule, _TILE_RULES),
+        ):
+            _option(name, arg, value, options)
         self._bh = (B, H)
         sram_kib = sram_kib or traffic.GPUS[gpu].smem_per_block // 1024
         c = {
@@ -138,14 +181,15 @@ class TrafficExplorer(W.VBox):
                 style=_WIDE,
                 layout=W.Layout(width="330px"),
             ),
-            "d": W.Dropdown(
-                options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE
-            ),
+            "d": W.Dropdown(options=_D_OPTIONS, value=d, description="d (head dim)", style=_WIDE),
             "dtype": W.Dropdown(
                 options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE
             ),
             "gpu": W.Dropdown(
                 options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE
+            ),
+            "tile_rule": W.Dropdown(
+                options=_TILE_RULES, value=tile_rule, description="tiles", style=_WIDE
             ),
             "sram_kib": W.IntSlider(
                 min=16, max=256, value=int(sram_kib), description="SRAM (KiB)", style=_WIDE
@@ -165,7 +209,7 @@ class TrafficExplorer(W.VBox):
         self.html, self.details = W.HTML(), W.HTML()
         self.image = W.Image(format="png", layout=W.Layout(max_width="840px"))
         left = W.VBox([c["N"], c["d"], c["dtype"], c["causal"]])
-        right = W.VBox([c["gpu"], c["sram_kib"], c["block_m"], c["block_n"]])
+        right = W.VBox([c["gpu"], c["sram_kib"], c["tile_rule"], c["block_m"], c["block_n"]])
         top = W.HBox([W.Label("algorithm", layout=W.Layout(width="114px")), c["algorithm"]])
         super().__init__([top, W.HBox([left, right]), self.html, self.image, self.details])
         c["gpu"].observe(self._preset, names="value")
@@ -200,6 +244,13 @@ class RooflinePlot(W.VBox):
     the controls."""
 
     def __init__(self, *, gpu="H200", N=4096, d=64, dtype="float16", causal=False):
+        for arg, value, options in (
+            ("gpu", gpu, list(traffic.GPUS)),
+            ("N", N, _N_OPTIONS),
+            ("d", d, _D_OPTIONS),
+            ("dtype", dtype, list(viz.ITEMSIZE)),
+        ):
+            _option("roofline_plot", arg, value, options)
         c = {
             "gpu": W.Dropdown(
                 options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE
@@ -207,9 +258,7 @@ class RooflinePlot(W.VBox):
             "N": W.SelectionSlider(
                 options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE
             ),
-            "d": W.Dropdown(
-                options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE
-            ),
+            "d": W.Dropdown(options=_D_OPTIONS, value=d, description="d (head dim)", style=_WIDE),
             "dtype": W.Dropdown(
                 options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE
             ),
@@ -304,7 +353,17 @@ class TileStepper(W.VBox):
     `.figure`."""
 
     def __init__(
-        self, *, N_q=40, N_k=40, d=16, block_m=8, block_n=8, causal=False, order="fa2", seed=0
+        self,
+        *,
+        N_q=40,
+        N_k=40,
+        d=16,
+        block_m=8,
+        block_n=8,
+        causal=False,
+        order="fa2",
+        seed=0,
+        measured=None,
     ):
         from . import testing, tiled
 
@@ -327,6 +386,11 @@ class TileStepper(W.VBox):
         )
         self.frames = viz.stepper_frames(self.ledger)
         self._geometry, self.order = (N_q, N_k, block_m, block_n), order
+        self.measurement, self.measured_steps = None, None
+        if measured is not None and measured is not False:
+            blocks = (block_m, block_n)
+            self.measurement = _measure_stepper(measured, (q, k, v), causal, order, *blocks)
+            self.measured_steps = replay.tile_measurements(self.measurement, self.frames)
         n = len(self.frames)
         self.play = W.Play(min=0, max=n - 1, interval=800, description="play")
         self.slider = W.IntSlider(min=0, max=n - 1, description="step", readout=False)
@@ -352,6 +416,55 @@ class TileStepper(W.VBox):
         self.figure = viz.draw_tiles(frame, *self._geometry, order=self.order)
         self.image.value = viz.png(self.figure)
         self.html.value = stepper_html(frame, self.frames, self.order)
+        if self.measured_steps is not None:
+            self.html.value += measured_step_html(
+                self.measured_steps[self.slider.value], self.measurement, self.slider.value
+            )
+
+
+def _measure_stepper(measured, qkv, causal, order, block_m, block_n) -> traffic.Measurement:
+    """The stepper's inputs run through a Triton forward under `traffic.measure`: the package's
+    kernel (measured=True), the learner's launcher fn(q, k, v, causal=, block_m=, block_n=), or a
+    Measurement already taken on the same inputs."""
+    if isinstance(measured, traffic.Measurement):
+        return measured
+    if order != "fa2":
+        raise ValueError(f"tile_stepper: measured runs replay the FA2 order, got order={order!r}")
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if b < 16 or b & (b - 1):
+            raise ValueError(
+                f"tile_stepper: a measured Triton run needs {name} a power of two >= 16, got {b}"
+            )
+    import torch
+
+    q, k, v = (torch.from_numpy(x) for x in qkv)
+    if measured is True:
+        from . import triton_attention
+
+        measured = triton_attention.forward
+    if not callable(measured):
+        raise TypeError(
+            "tile_stepper: measured must be True (the package's Triton forward), a launcher "
+            f"fn(q, k, v, causal=, block_m=, block_n=) or a traffic.Measurement, got {measured!r}"
+        )
+    with traffic.measure(per_program=True) as m:
+        measured(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
+    return m
+
+
+def measured_step_html(moved: list, measurement: traffic.Measurement, step: int) -> str:
+    """The stepper's line on the measured kernel: what its program moved for this tile, and, on
+    the way, the bytes so far against the measured total."""
+    what = (
+        ", ".join(f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n in moved)
+        or "nothing (tile skipped)"
+    )
+    total = measurement.traffic().total_bytes
+    return (
+        "<div class='fe-measured' style='line-height:1.45;color:#2d5f8b'>"
+        f"measured Triton kernel, this tile: {what}; whole run "
+        f"<b class='fe-measured-total' data-bytes='{total}'>{total:,}</b> bytes</div>"
+    )
 
 
 def tile_stepper(
@@ -363,10 +476,16 @@ def tile_stepper(
     causal: bool = False,
     order: str = "fa2",
     seed: int = 0,
+    measured=None,
 ) -> TileStepper:
     """Replay `tiled.forward` tile by tile on random (1, 1, N, d) inputs, from its real traffic
-    ledger."""
+    ledger. measured=True runs flashedu's Triton forward on the same inputs under
+    `traffic.measure` and shows, at each tile, what the kernel's program moved beside the model;
+    pass your own launcher fn(q, k, v, causal=, block_m=, block_n=) (torch CPU tensors, under the
+    interpreter) to replay your kernel instead. Measured runs need the FA2 order and power-of-two
+    blocks >= 16."""
     return TileStepper(
+        measured=measured,
         N_q=N_q,
         N_k=N_k,
         d=d,

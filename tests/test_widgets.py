@@ -39,9 +39,13 @@ def test_standard_algorithm_shows_the_naive_closed_form(N, d, dtype):
     assert s["flash"] == flash
     assert s["ratio"] == s["traffic"].total_bytes / flash.total_bytes
     expected = traffic.roofline(
-        traffic.attention_flops(1, 1, N, N, d), s["traffic"].total_bytes, "H200"
+        traffic.attention_flops(1, 1, N, N, d),
+        s["traffic"].total_bytes,
+        "H200",
+        exps=traffic.exp_count(1, 1, N, N),
     )
     assert s["roofline"] == expected and s["roofline"].bound == "memory"
+    assert s["exps"] == N * N
 
 
 @pytest.mark.parametrize("algorithm,order", [("fa1", "fa1"), ("fa2", "fa2")])
@@ -55,7 +59,10 @@ def test_flash_orders_show_the_flash_closed_form(algorithm, order, causal):
     )
     assert s["standard"] == traffic.naive_forward(2, 3, 2048, 2048, 64)
     assert s["flops"] == traffic.attention_flops(2, 3, 2048, 2048, 64, causal=causal)
-    assert s["roofline"].time == max(s["traffic"].total_bytes / 4.8e12, s["flops"] / 989.4e12)
+    exps = traffic.exp_count(2, 3, 2048, 2048, causal=causal)
+    assert s["roofline"].time == max(
+        s["traffic"].total_bytes / 4.8e12, s["flops"] / 989.4e12, exps / 3.9e12
+    )
 
 
 def test_backward_compares_the_two_backward_passes():
@@ -67,12 +74,36 @@ def test_backward_compares_the_two_backward_passes():
     assert s["flops"] == traffic.attention_flops(1, 1, 1024, 1024, 64, causal=True, pass_="bwd")
 
 
-def test_auto_blocks_give_the_outer_loop_the_large_block():
+def test_paper_rule_gives_the_outer_loop_the_large_block():
     b_r, b_c = traffic.block_sizes(100 * 1024, 64, 2)
     assert b_c > b_r
     for algorithm, expected in [("fa1", (b_r, b_c)), ("backward", (b_r, b_c)), ("fa2", (b_c, b_r))]:
-        s = viz.explorer_state(N=4096, d=64, algorithm=algorithm, sram_kib=100)
+        s = viz.explorer_state(N=4096, d=64, algorithm=algorithm, sram_kib=100, tile_rule="paper")
         assert (s["block_m"], s["block_n"]) == expected, algorithm
+
+
+@pytest.mark.parametrize("gpu", list(traffic.GPUS))
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("algorithm", ["fa1", "fa2", "backward"])
+def test_default_tiles_are_powers_of_two_that_fit(gpu, d, algorithm):
+    s = viz.explorer_state(gpu=gpu, d=d, algorithm=algorithm)
+    bm, bn = s["block_m"], s["block_n"]
+    assert s["fits"] and s["tile_rule"] == "fit", s["tiles"].explain()
+    assert all(b in (16, 32, 64, 128) for b in (bm, bn))
+    # no larger power of two on the outer loop's side would fit
+    outer = (
+        dict(block_m=2 * bm, block_n=16) if algorithm == "fa2" else dict(block_m=16, block_n=2 * bn)
+    )
+    if max(outer.values()) <= 128:
+        assert not viz.explorer_state(gpu=gpu, d=d, algorithm=algorithm, **outer)["fits"]
+
+
+def test_default_tiles_report_both_rules_for_the_chapters():
+    t = viz.default_tiles("H200", 64)
+    assert (t["fit"].block_m, t["fit"].block_n, t["fit"].fits) == (128, 128, True)
+    assert (t["paper"].block_m, t["paper"].block_n, t["paper"].fits) == (454, 64, False)
+    assert t["paper"].explain().endswith("303.3 KiB of 227.0 KiB, 34% over: does NOT fit")
+    assert "fits" in t["fit"].explain()
 
 
 def test_sram_tiles_and_fit():
@@ -84,7 +115,7 @@ def test_sram_tiles_and_fit():
     assert "does NOT fit" in widgets.explorer_details_html(big)
     assert viz.explorer_state(algorithm="naive")["sram_tiles"] == {}
     auto = viz.explorer_state(
-        algorithm="fa1", d=64, sram_kib=227
+        algorithm="fa1", d=64, sram_kib=227, tile_rule="paper"
     )  # the paper's rule overshoots a little
     assert auto["auto_blocks"] and not auto["fits"]
     assert "% over: the paper's rule" in widgets.explorer_details_html(auto)
@@ -146,8 +177,8 @@ def test_choosing_a_gpu_sets_its_shared_memory():
     w = widgets.traffic_explorer(gpu="H200")
     assert w.controls["sram_kib"].value == 227
     w.controls["gpu"].value = "A100-80GB"
-    assert w.controls["sram_kib"].value == 164
-    assert w.state["sram_bytes"] == 164 * 1024
+    assert w.controls["sram_kib"].value == 163  # per thread block (164 KB is the SM's total)
+    assert w.state["sram_bytes"] == 163 * 1024
     assert w.state["roofline"].ridge == traffic.GPUS["A100-80GB"].ridge
     assert "NVIDIA A100 SXM4 80GB" in w.html.value
 
@@ -159,15 +190,22 @@ def test_roofline_points_place_standard_and_flash():
     pts = viz.roofline_points("H100-SXM", N=8192, d=64)
     s = viz.explorer_state(N=8192, d=64, gpu="H100-SXM", algorithm="fa2")
     flops = traffic.attention_flops(1, 1, 8192, 8192, 64)
+    exps = traffic.exp_count(1, 1, 8192, 8192)
     assert pts["standard"] == traffic.roofline(
-        flops, traffic.naive_forward(1, 1, 8192, 8192, 64).total_bytes, "H100-SXM"
+        flops, traffic.naive_forward(1, 1, 8192, 8192, 64).total_bytes, "H100-SXM", exps=exps
     )
-    assert pts["flash"] == traffic.roofline(flops, s["flash"].total_bytes, "H100-SXM")
-    assert pts["standard"].bound == "memory" and pts["flash"].bound == "compute"
+    assert pts["flash"] == traffic.roofline(flops, s["flash"].total_bytes, "H100-SXM", exps=exps)
+    # With 128 x 128 tiles that fit, the counting model leaves flash just below the ridge (about
+    # 2 block_m / itemsize FLOP/B): four times the standard intensity, still memory-bound.
+    assert pts["standard"].bound == pts["flash"].bound == "memory"
+    assert pts["flash"].intensity > 3.9 * pts["standard"].intensity
+    paper = viz.explorer_state(N=8192, d=64, gpu="H100-SXM", tile_rule="paper")["roofline"]
+    assert paper.bound == "compute"  # the paper's 454-row tiles would be, if they fitted
 
 
 def test_roofline_widget_moves_its_points():
     w = widgets.roofline_plot(gpu="H200", N=4096)
+    assert "exponentials" in w.html.value  # the H200 preset cites its special-function rate
     ax = w.figure.axes[0]
     dots = [line for line in ax.lines if line.get_marker() == "o"]
     for line, r in zip(dots, w.points.values()):
@@ -175,7 +213,7 @@ def test_roofline_widget_moves_its_points():
         assert line.get_ydata()[0] == pytest.approx(r.flops / r.time / 1e12)
     w.controls["gpu"].value = "A100-40GB"
     assert w.points == viz.roofline_points("A100-40GB", N=4096)
-    assert "memory-bound" in w.html.value and "compute-bound" in w.html.value
+    assert w.html.value.count("memory-bound") == 2 and "exponentials" not in w.html.value
     w.controls["N"].value = 128
     assert w.points["standard"].flops == traffic.attention_flops(1, 1, 128, 128, 64)
 
@@ -268,3 +306,93 @@ def test_tile_stepper_buttons_step_and_stop_at_the_ends():
 def test_tile_stepper_refuses_too_many_tiles():
     with pytest.raises(ValueError, match="tiles"):
         widgets.tile_stepper(N_q=4096, N_k=4096, block_m=16, block_n=16)
+
+
+# ------------------------------------------------------------------------- measured kernel runs
+
+
+def test_measured_explorer_shows_the_package_forward_equal_to_the_model():
+    w = widgets.measured_explorer("forward", N_q=48, N_k=40, causal=True)
+    model = traffic.combine(
+        traffic.flash_forward(1, 2, 48, 40, 32, block_m=16, block_n=16, causal=True),
+        traffic.triton_forward_extra(1, 2, 48, 40, 32, block_m=16, block_n=16, causal=True),
+    )
+    assert w.state["measured"] == model and w.state["differences"] == []
+    assert "equal to the model, byte for byte" in w.html.value
+    assert len(w.frames) == 3 * 2 and w.state["launches"] == [("_attn_fwd", (3, 2, 1))]
+    last = w.frames[-1]
+    assert last["read_bytes"] + last["write_bytes"] == model.total_bytes
+    bars = [p.get_height() for p in w.figure.axes[0].patches]
+    unit = w.figure.axes[0].get_ylabel()
+    assert unit == "HBM bytes (KiB)" and max(bars) == pytest.approx(
+        max(model.reads.values()) / 1024
+    )
+    w.slider.value = 3
+    frame = w.frames[2]
+    assert f"program 3 of {len(w.frames)}" in w.program.value
+    assert sum(n for _, dn, n, _ in frame["moved"] if dn == "read") == sum(
+        led.read_bytes
+        for (_, pid), led in w.measurement.by_launch_program.items()
+        if pid == frame["program"]
+    )
+    assert w.program_image.value[:4] == b"\x89PNG"
+    assert "read Q 1,024 B, K 2,048 B (2 loads), V 2,048 B (2 loads); wrote lse 64 B, O" in (
+        w.program.value
+    )
+
+
+def test_measured_explorer_replays_the_three_backward_kernels():
+    w = widgets.measured_explorer("backward", N_q=33, N_k=20, causal=True)
+    assert w.state["differences"] == []
+    kernels = {f["kernel"] for f in w.frames}
+    assert kernels == {"_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"}
+
+
+def test_measured_explorer_tells_a_learners_wasteful_kernel_in_words():
+    """A 'kernel' that runs the forward twice moves every tensor twice: the differences say so."""
+    import torch
+
+    from flashedu import triton_attention
+
+    q, k, v = (torch.randn(1, 1, 32, 16) for _ in range(3))
+    model = traffic.flash_forward(1, 1, 32, 32, 16, block_m=16, block_n=16, itemsize=4)
+
+    def run():
+        for _ in range(2):
+            triton_attention.forward(q, k, v, block_m=16, block_n=16)
+
+    w = widgets.measured_explorer(run, model=model)
+    assert {d.tensor for d in w.state["differences"]} == {"Q", "K", "V", "O", "lse"}
+    assert "your kernel read Q twice (4,096 B of a 2,048 B tensor); the model reads it once" in (
+        w.html.value
+    )
+    assert widgets.measured_explorer(w.measurement).state["model"] is None
+    with pytest.raises(TypeError, match="run must be 'forward', 'backward', a function"):
+        widgets.measured_explorer(42)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        widgets.measured_explorer("sideways")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_stepper_shows_the_triton_kernel_beside_each_tile(causal):
+    s = widgets.tile_stepper(
+        N_q=40, N_k=33, d=16, block_m=16, block_n=16, causal=causal, measured=True
+    )
+    assert len(s.measured_steps) == len(s.frames)
+    for frame, measured in zip(s.frames, s.measured_steps):
+        assert sorted(measured) == sorted(frame["moved"]), frame[
+            "step"
+        ]  # kernel == model, per tile
+    assert s.measurement.traffic() == s.ledger.traffic()
+    s.slider.value = s.slider.max
+    assert f"data-bytes='{s.ledger.traffic().total_bytes}'" in s.html.value
+    assert "measured Triton kernel, this tile" in s.html.value
+
+
+def test_tile_stepper_measured_needs_fa2_and_real_tiles():
+    with pytest.raises(ValueError, match="block_m a power of two >= 16, got 8"):
+        widgets.tile_stepper(block_m=8, block_n=16, measured=True)
+    with pytest.raises(ValueError, match="replay the FA2 order"):
+        widgets.tile_stepper(block_m=16, block_n=16, order="fa1", measured=True)
+    with pytest.raises(TypeError, match="measured must be True"):
+        widgets.tile_stepper(block_m=16, block_n=16, measured="yes")

@@ -1,10 +1,15 @@
 """Exercise graders for the notebooks: spec in the notebook, stub for the learner, check here.
 
-Each grader draws fresh ragged inputs, compares the learner's function with the float64 reference
-(or the package's own answer), and prints one line per case: what was tried, the max error, ok or
-what is wrong. A stub that still raises NotImplementedError reports "not attempted yet" and returns
-normally, so the committed notebooks run top to bottom while the exercises stay open.
-`checks.solution(grader)` shows the package function that solves an exercise.
+Each grader runs the learner's function on fresh ragged inputs, simplest first, compares it with
+the float64 reference, and prints a compact report that leads with one failure and one diagnosis
+(a named shortcut, a known mistake, or what is wrong), with the inputs and seed that reproduce it.
+Where the method is the lesson it is checked too (`_method.py`): no call into flashedu's own
+implementations, no N_q x N_k array in a tiled exercise, one pass in the online softmax. A stub that
+still raises NotImplementedError reports "not attempted yet" and returns normally, so the committed
+notebooks run top to bottom while the exercises stay open. Help comes in steps:
+`checks.hint(grader)` prints the formula, `checks.solution(grader)` the package's answer, and
+`checks.progress()` every exercise's latest outcome; `python -m flashedu.checks NOTEBOOK...` grades
+whole notebooks.
 
 Graders live in one module per chapter (`ch00.py`, `ch01.py`, ...), each listing its graders in
 `__all__`; all are re-exported here and collected in GRADERS (name -> grader). Two chapters may not
@@ -18,13 +23,18 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ._core import Case, Report, grade, grader, solution, solution_function
+from ._core import Case, Report, grade, grader, hint, solution, solution_function
+from ._method import Shortcut
+from ._progress import progress
 
 __all__ = [
     "Case",
     "Report",
+    "Shortcut",
     "grade",
     "grader",
+    "hint",
+    "progress",
     "solution",
     "solution_function",
     "GRADERS",
@@ -32,9 +42,7 @@ __all__ = [
 ]
 
 GRADERS: dict[str, object] = {}
-CHAPTER_OF: dict[
-    str, str
-] = {}  # grader name -> module that defines it, e.g. "flashedu.checks.ch01"
+CHAPTER_OF: dict[str, str] = {}  # grader name -> its module, e.g. "flashedu.checks.ch01"
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _m.name.startswith("ch"):
         _mod = importlib.import_module(f".{_m.name}", __name__)

@@ -1,12 +1,33 @@
 """The grading machinery shared by every chapter's graders: `Case`, `grade`, `grader`, `solution`.
 
-A chapter's grader builds a list of `Case`s from fresh ragged inputs (seeded only when a test passes
-`seed=`), with the expected answer from the float64 reference, and hands them to `grade`, which
-calls the learner's function on each, prints one line per case (shapes, max error, NaN, infinities,
-or what it raised) with the case's hint when it fails, and returns a `Report`. A stub that raises
-NotImplementedError on the first case is reported as "not attempted yet" and nothing else is
-printed, so the committed notebooks run under nbval with their exercises open. Used from every
-notebook's exercises (first in notebooks/01_naive_attention.ipynb); tested in
+A chapter's grader builds a list of `Case`s, simplest first, from fresh ragged inputs (seeded: the
+`grader` decorator draws a seed when none is given, and a failing report prints it), with the
+expected answer from the float64 reference, and hands them to `grade`. `grade` calls the learner's
+function on each case and prints a compact report, at most 100 columns wide, that leads with one
+failure and ONE diagnosis:
+
+    tiled_attention: wrong (1 of 7 cases pass)
+      case 2: N_q=13, N_k=27, blocks 3x5
+        o: max|diff|=3.1e-01
+      what is wrong: the running sum and the accumulator were not rescaled when the row max grew
+      inputs: q (13, 8), k (27, 8), v (27, 8), causal=False, block_m=3, block_n=5; seed=48213
+       #  case                             result
+       1  one tile holds everything        ok     o: max|diff|=2.2e-16; lse: max|diff|=4.4e-16
+       2  N_q=13, N_k=27, blocks 3x5       WRONG  o: max|diff|=3.1e-01
+      ...
+
+The diagnosis comes, in this order, from a shortcut (`Shortcut` from `_method`: a call into
+flashedu, an N_q x N_k array, a second pass), from mistake matching (the answer equals the output
+of a known buggy variant listed in `Case.mistakes`; the name most consistent with every case
+wins), from the case's own check, or else from the failing case's `hint` (what is wrong, never the
+formula). The
+formula comes only with `hint(grader)`, the package's answer only with `solution(grader)`. A stub
+that raises NotImplementedError on the first case prints "<name>: not attempted yet" and nothing
+else, so the committed notebooks run under nbval with their exercises open. Every graded run is
+recorded for `progress()` (see `_progress.py`); the report's layout and the mistake matching are
+in `_report.py`.
+
+Used from every notebook's exercises (first in notebooks/01_naive_attention.ipynb); tested in
 tests/test_checks_core.py.
 
 Limits: comparisons are elementwise against a tolerance, so an answer that is right only up to a
@@ -15,15 +36,20 @@ permutation fails; a grader that needs another notion of right passes `Case.chec
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import math
+import secrets
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from ..testing import Tolerance, max_error, to_numpy
+from ._method import Shortcut, forbid_flashedu
+from ._report import WIDTH, candidates, choose, lead_block, same, table  # noqa: F401
 
 
 @dataclass
@@ -32,11 +58,13 @@ class Case:
 
     label: what the case tries, e.g. "N_q=5 > N_k=3, causal".
     expected: the right answer (an array, a tuple of arrays, or a number).
-    hint: printed when this case fails; names the likely mistake (e.g. "l was not rescaled when m
-    grew").
-    check: optional custom comparison (got, expected) -> (ok, detail) replacing the tolerance test.
-    names: optional names of the parts of a tuple answer, e.g. ("o", "lse"), used in the printed
-    line.
+    hint: what is wrong when this case fails and no known mistake matches (never the formula).
+    check: optional comparison (got, expected) -> (ok, detail) or (ok, detail, diagnosis).
+    names: names of the parts of a tuple answer, e.g. ("o", "lse").
+    mistakes: known bugs, {what is wrong: the output of the buggy variant on this input}; a value
+        may be a zero-argument function (computed only when needed) or `candidates(a, b, ...)`.
+    inputs: how to reproduce the case, printed on failure (default: from args and kwargs).
+    call: optional runner `call(fn) -> got` replacing fn(*args, **kwargs) (streams, watchers).
     """
 
     label: str
@@ -45,8 +73,11 @@ class Case:
     hint: str = ""
     kwargs: dict = field(default_factory=dict)
     tol: Tolerance = Tolerance(1e-6, 1e-6)
-    check: Callable[[Any, Any], tuple[bool, str]] | None = None
+    check: Callable[[Any, Any], tuple] | None = None
     names: tuple[str, ...] = ()
+    mistakes: dict[str, Any] = field(default_factory=dict)
+    inputs: str = ""
+    call: Callable[[Callable], Any] | None = None
 
 
 @dataclass
@@ -54,14 +85,23 @@ class Report:
     name: str
     attempted: bool
     results: list[tuple[str, bool, str]]  # (label, ok, detail)
+    diagnosis: str = ""
+    lead: int | None = None  # index of the case the report leads with
+    seed: int | None = None
+    lines: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return self.attempted and bool(self.results) and all(ok for _, ok, _ in self.results)
 
     @property
+    def status(self) -> str:
+        """'passed', 'wrong' or 'not attempted'."""
+        return "passed" if self.passed else "wrong" if self.attempted else "not attempted"
+
+    @property
     def text(self) -> str:
-        return "\n".join(f"{label}: {detail}" for label, _, detail in self.results)
+        return "\n".join(self.lines)
 
     def _ipython_display_(self) -> None:
         """Show nothing: the grader already printed its lines. (A trailing `;` does not reliably
@@ -72,6 +112,9 @@ class Report:
             return f"<{self.name}: not attempted>"
         n_ok = sum(ok for _, ok, _ in self.results)
         return f"<{self.name}: {n_ok}/{len(self.results)} cases passed>"
+
+
+# ---------------------------------------------------------------------------- comparing answers
 
 
 def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
@@ -87,24 +130,17 @@ def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
     if g.shape != e.shape:
         return False, f"shape {g.shape}, expected {e.shape}"
     if np.isnan(g).any():
-        return False, f"shape={g.shape}  {int(np.isnan(g).sum())} NaN entries"
+        return False, f"{int(np.isnan(g).sum())} NaN entries"
     g_inf, e_inf = np.isinf(g), np.isinf(e)
     if (g_inf != e_inf).any():
         n = int((g_inf != e_inf).sum())
-        return (
-            False,
-            f"shape={g.shape}  {n} entries infinite where finite values belong (or the reverse)",
-        )
+        return False, f"{n} entries infinite where finite values belong (or the reverse)"
     if (g_inf & (g != e)).any():
-        return (
-            False,
-            f"shape={g.shape}  infinities of the wrong sign "
-            "(+inf where -inf belongs, or the reverse)",
-        )
+        return False, "infinities of the wrong sign (+inf where -inf belongs, or the reverse)"
     abs_err, _ = max_error(g, e)
     fin = np.isfinite(e)  # matching infinities were checked above
     ok = bool(np.all(np.abs(g[fin] - e[fin]) <= tol.atol + tol.rtol * np.abs(e[fin])))
-    return ok, f"shape={g.shape}  max|diff|={abs_err:.1e}"
+    return ok, f"max|diff|={abs_err:.1e}"
 
 
 def _compare(got, expected, tol: Tolerance, names: tuple[str, ...] = ()) -> tuple[bool, str]:
@@ -124,58 +160,144 @@ def _compare(got, expected, tol: Tolerance, names: tuple[str, ...] = ()) -> tupl
     return True, "; ".join(f"{n}: {d}" for n, (_, d) in zip(labels, parts))
 
 
-def _raised(e: Exception) -> str:
+def _raised(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"raised {type(e).__name__}" + (f": {msg[:160]}" if msg else "")
 
 
+# ---------------------------------------------------------------------------- running the cases
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    detail: str
+    got: Any = None
+    shortcut: str = ""
+    diagnosis: str = ""  # from the case's own check
+    ran: bool = False  # fn returned (got is its answer)
+
+
+_CALLED = "the exercise asks for your own code, so flashedu's implementations are off limits"
+
+
+def _run(fn, case: Case, forbid: bool, allow) -> _Outcome:
+    try:
+        if forbid:
+            with forbid_flashedu(allow):
+                got = case.call(fn) if case.call else fn(*case.args, **case.kwargs)
+        else:
+            got = case.call(fn) if case.call else fn(*case.args, **case.kwargs)
+    except Shortcut as e:
+        why = f"{e}: {_CALLED}" if str(e).startswith("called flashedu") else str(e)
+        return _Outcome(False, f"shortcut: {e}", shortcut=why)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # the learner's bug, reported, not raised
+        return _Outcome(False, _raised(e))
+    try:
+        compare = case.check or (lambda g, x: _compare(g, x, case.tol, case.names))
+        result = compare(got, case.expected)
+    except Exception as e:  # an answer of a kind the check cannot even compare
+        return _Outcome(False, f"an answer of type {type(got).__name__} ({_raised(e)})", got)
+    ok, detail = result[0], result[1]
+    diagnosis = result[2] if len(result) > 2 else getattr(detail, "mistake", "")
+    return _Outcome(bool(ok), str(detail), got, diagnosis=diagnosis or "", ran=True)
+
+
 def grade(
-    name: str, fn: Callable, cases: list[Case], *, solution_name: str, out: Callable = print
+    name: str,
+    fn: Callable,
+    cases: list[Case],
+    *,
+    solution_name: str = "",
+    out: Callable = print,
+    forbid: bool = False,
+    allow: tuple[str, ...] = (),
 ) -> Report:
-    """Run `fn` on every case and print one line each. Returns a Report (`.passed`, `.text`)."""
+    """Run `fn` on every case (simplest first) and print the report. Returns a Report.
+
+    forbid: run fn under `forbid_flashedu(allow)`, so a call into flashedu's own implementations
+    is a named shortcut. solution_name is kept for older callers; the report never prints it.
+    """
     if not cases:
         raise ValueError(f"grade({name!r}): no cases to run")
-    results: list[tuple[str, bool, str]] = []
-    width = max(len(c.label) for c in cases)
+    outcomes: list[_Outcome] = []
     for i, case in enumerate(cases):
         try:
-            got = fn(*case.args, **case.kwargs)
+            outcomes.append(_run(fn, case, forbid, allow))
         except NotImplementedError:
             if i == 0:
-                out(f"{name}: not attempted yet (reference: {solution_name})")
-                return Report(name, False, [])
-            ok, detail = False, "raised NotImplementedError"
-        except Exception as e:  # the learner's bug, reported, not raised
-            ok, detail = False, _raised(e)
-        else:
-            compare = case.check or (lambda g, x: _compare(g, x, case.tol, case.names))
-            ok, detail = compare(got, case.expected)
-        if not ok and case.hint:
-            detail = f"{detail}  <- {case.hint}"
-        results.append((case.label, ok, f"{'ok' if ok else 'WRONG'}  {detail}"))
-        out(f"  {case.label:<{width}}  {'ok   ' if ok else 'WRONG'}  {detail}")
-    n_ok = sum(ok for _, ok, _ in results)
-    verdict = "all cases pass" if n_ok == len(results) else f"{len(results) - n_ok} case(s) wrong"
-    out(f"{name}: {n_ok}/{len(results)} cases passed: {verdict}")
-    return Report(name, True, results)
+                out(f"{name}: not attempted yet")
+                return Report(name, False, [], lines=[f"{name}: not attempted yet"])
+            outcomes.append(_Outcome(False, "raised NotImplementedError"))
+    run = _RUN.get(None)
+    seed, formula = (run.seed, run.formula) if run else (None, "")
+    results = [(c.label, r.ok, r.detail) for c, r in zip(cases, outcomes)]
+    n_ok = sum(r.ok for r in outcomes)
+    if n_ok == len(cases):
+        lines = [f"{name}: all cases pass ({n_ok} of {n_ok})"] + table(cases, outcomes)
+        report = Report(name, True, results, seed=seed, lines=lines)
+    else:
+        lead, diagnosis = choose(cases, outcomes)
+        lines = [f"{name}: wrong ({n_ok} of {len(cases)} cases pass)"]
+        lines += lead_block(name, fn, cases, outcomes, lead, diagnosis, seed, formula)
+        lines += table(cases, outcomes)
+        report = Report(name, True, results, diagnosis, lead, seed, lines)
+    for line in report.lines:
+        out(line)
+    return report
 
 
-def grader(solution_name: str):
-    """Decorate a grader `g(fn, *, seed=None, out=print) -> Report` with the dotted name of its
-    solution (a function in the flashedu package, e.g. "flashedu.tiled.forward")."""
-    module, _, attr = solution_name.rpartition(".")
+# ---------------------------------------------------------------------------- graders, hints
+
+
+@dataclass
+class _Run:
+    seed: int
+    formula: str
+
+
+_RUN: contextvars.ContextVar[_Run] = contextvars.ContextVar("flashedu_grading_run")
+
+
+def _check_dotted(dotted: str) -> None:
+    module, _, attr = dotted.rpartition(".")
     if not module.startswith("flashedu") or not attr.isidentifier():
         raise ValueError(
             f"grader: solution_name must be a dotted flashedu function such as "
-            f"'flashedu.tiled.forward', got {solution_name!r}"
+            f"'flashedu.tiled.forward', got {dotted!r}"
         )
+
+
+def grader(solution_name: str, *more_solutions: str, formula: str = ""):
+    """Decorate a grader `g(fn, *, seed=None, out=print) -> Report`.
+
+    solution_name (and more_solutions): dotted names of the package code that solves the exercise,
+    shown by `solution(g)`. formula: the rule the exercise asks for, shown only by `hint(g)`.
+    The decorated grader draws a seed when none is given (so a failing report can print it) and
+    records the outcome for `progress()`.
+    """
+    for dotted in (solution_name, *more_solutions):
+        _check_dotted(dotted)
 
     def wrap(g):
         @functools.wraps(g)
-        def run(fn, *args, **kwargs):
-            return g(fn, *args, **kwargs)
+        def run(fn, *args, seed=None, out=print, **kwargs):
+            seed = secrets.randbelow(10**6) if seed is None else seed
+            token = _RUN.set(_Run(seed, run.formula))
+            try:
+                report = g(fn, *args, seed=seed, out=out, **kwargs)
+            finally:
+                _RUN.reset(token)
+            from . import _progress
+
+            _progress.record(run.__name__, g.__module__, report)
+            return report
 
         run.solution_name = solution_name
+        run.solution_names = (solution_name, *more_solutions)
+        run.formula = textwrap.dedent(formula).strip()
         return run
 
     return wrap
@@ -191,11 +313,31 @@ def solution_function(g) -> Callable:
 
 
 def solution(g) -> None:
-    """Show the package function that solves the exercise graded by `g` (the tests cover exactly
+    """Show the package code that solves the exercise graded by `g` (the tests cover exactly
     this code)."""
     from .. import nb
 
-    nb.show_source(solution_function(g))
+    names = getattr(g, "solution_names", None)
+    if names is None:
+        nb.show_source(solution_function(g))  # raises the TypeError for a non-grader
+        return
+    for dotted in names:
+        nb.show_source(solution_function(dotted))
+
+
+def hint(g, out: Callable = print) -> None:
+    """Print the formula behind the exercise graded by `g`: the second step after the report."""
+    if not hasattr(g, "solution_name"):
+        raise TypeError(f"hint: expected a grader from flashedu.checks, got {g!r}")
+    text = getattr(g, "formula", "") or (
+        "This exercise has no formula beyond its description; "
+        f"checks.solution(checks.{g.__name__}) shows the package's answer."
+    )
+    for line in text.splitlines():
+        out(line)
+
+
+# ---------------------------------------------------------------------------- small helpers
 
 
 def rng_for(seed) -> np.random.Generator:
@@ -212,6 +354,12 @@ def number_or_none(got) -> float | None:
     return g if math.isfinite(g) else None
 
 
+class _Detail(str):
+    """A case's detail line that also names the mistake it found (read by `grade`)."""
+
+    mistake = ""
+
+
 def diagnose(
     got: float, expected: float, mistakes: dict[str, float], rel: float
 ) -> tuple[bool, str]:
@@ -223,5 +371,7 @@ def diagnose(
         return True, detail
     for why, value in mistakes.items():
         if abs(got - value) <= rel * abs(value):
-            return False, f"{detail}: {why}"
+            named = _Detail(f"{detail}: {why}")
+            named.mistake = why
+            return False, named
     return False, detail
