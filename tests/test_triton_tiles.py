@@ -113,3 +113,29 @@ def test_split_kv_decoding_takes_any_head_dims(d, d_v, dtype, rng):
     np_args = [x.cpu().float().numpy() for x in (q, k, v)]
     o_np, _ = decoding.forward(*np_args, causal=True, num_splits=3)
     assert_close(o_np, reference.forward(*np_args, causal=True)[0], dtype="float32", name="numpy o")
+
+
+TUNING = [(64, 64, True), (128, 128, True), (40, 40, False), (96, 96, False), (192, 192, False),
+          (128, 64, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("d,d_v,tuned", TUNING)
+def test_autotune_tables_give_untuned_head_dims_their_width_s_first_entry(d, d_v, tuned):
+    """What the autotuner may try on a GPU (tested here without one): the whole table where it was
+    measured (d = 64, 128 with Ev = E), else the first entry for the tile width."""
+    from flashedu import triton_backward as tb
+    from flashedu import triton_launch as tl_
+
+    q = torch.empty(1, 1, 1, d, dtype=torch.float16)
+    for table in (ta._fwd_table, tb._dkdv_table, tb._dq_table):
+        configs = tl_._all_configs(table)
+        flags = dict(HEAD_DIM=d, V_DIM=d_v, BLOCK_D=pad_dim(d), BLOCK_DV=pad_dim(d_v),
+                     HAS_LEFT=False, HAS_RIGHT=True, HAS_MOD=False, VARLEN=False)  # fmt: skip
+        kept = tl_._prune(table)(configs, {"Q": q}, **flags)
+        listed = table(max(pad_dim(d), pad_dim(d_v)), False)
+        got = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
+        assert sorted(got) == sorted(listed if tuned else listed[:1])
+        if not tuned:  # a score mod, a window or packed sequences are untuned too
+            assert got == listed[:1]
+        flags.update(HAS_MOD=True)
+        assert len(tl_._prune(table)(configs, {"Q": q}, **flags)) == 1
