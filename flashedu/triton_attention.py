@@ -14,19 +14,21 @@ log2(e) folded into the scale. The key range of each query block is cut into blo
 visible (no mask arithmetic at all) and blocks on a mask edge (causal diagonal, window edge, ragged
 end); blocks nobody can see are never loaded.
 
-Supports: causal (bottom-right aligned), sliding windows `window_size=(left, right)`, ALiBi slopes
-of shape (H,) or (B, H), GQA/MQA (K/V with H_kv heads, H % H_kv == 0), any N_q, N_k >= 1, head dims
-16, 32, 64, 128, 256, fp16, bf16 and fp32 inputs (fp32 dots in full IEEE precision, not tf32), fp32
-accumulation.
+Supports: causal (bottom-right aligned), sliding windows `window_size=(left, right)`, a score mod
+applied to every tile of scores (`score_mod`, `flashedu.triton_mods`; ALiBi slopes of shape (H,) or
+(B, H) are one), GQA/MQA (K/V with H_kv heads, H % H_kv == 0), any N_q, N_k >= 1, any head dim d
+from 1 to 256 and a value head dim d_v of its own (tiles padded to a power of two with masked loads,
+`flashedu.triton_tiles`), packed sequences in one launch (`flashedu.triton_varlen`), fp16, bf16 and
+fp32 inputs (fp32 dots in full IEEE precision, not tf32), fp32 accumulation.
 Limits: no dropout; the last dimension must be contiguous (other strides are free; a tensor whose
-last dimension is strided is copied once); under the interpreter bf16 tiles are upcast to fp32
-before `tl.dot` (the interpreter's bf16 dot is wrong), so CPU runs are slightly more exact than the
-GPU for bf16.
+last dimension is strided is copied once); a padded head dim computes on the padded width (d = 80
+costs what d = 128 does); under the interpreter bf16 tiles are upcast to fp32 before `tl.dot` (the
+interpreter's bf16 dot is wrong), so CPU runs are slightly more exact than the GPU for bf16.
 
 Measured on an H200 (notebooks/results/GPU_NOTES.md): 1.27-1.57x PyTorch SDPA's FLASH backend
 forward and 1.19-1.34x forward + backward at N >= 2048, bf16/fp16, d 64/128; 0.67-0.97x its cuDNN
-backend. Tuned only where benchmarked (fp16/bf16, d 64 and 128, no window or ALiBi); elsewhere the
-first config of each table runs.
+backend. Tuned only where benchmarked (fp16/bf16, d 64 and 128 with d_v = d, no window, score mod or
+packing); elsewhere the first config of its tile width's table runs, untuned.
 
 Introduced in notebooks/06_triton_forward.ipynb (forward) and notebooks/07_triton_backward.ipynb
 (backward).
