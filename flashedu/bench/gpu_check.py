@@ -40,9 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks, reference
-from ..testing import max_error, random_qkv, tolerance
+from ..testing import random_qkv, tolerance
 from . import gpu, gpu_features
 from .gpu import EXPLORE, explore, run_fixed
+from .oracles import err as _err
+from .oracles import float64_attention, within
 
 DEVICE = (
     "cuda" if torch.cuda.is_available() else "cpu"
@@ -87,27 +89,6 @@ def matrix(quick: bool = False) -> list[dict]:
     return cases + gpu_features.feature_cases(quick)
 
 
-def float64_attention(q, k, v, do, *, causal, window, slopes, scale, mod=None):
-    """o, lse, dq, dk, dv in float64 on q's device (autograd through the plain formulas; masks from
-    flashedu.masks; `mod`, a torch function of the scaled scores, e.g. soft-capping). v may have
-    its own head dim."""
-    N_q, N_k, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    s = q64 @ k64.repeat_interleave(G, 1).transpose(-1, -2) * scale  # (B, H, N_q, N_k)
-    if mod is not None:
-        s = mod(s)
-    if slopes is not None:
-        s = s + torch.from_numpy(masks.alibi_bias(slopes, N_q, N_k)).to(q.device)
-    keep = torch.from_numpy(masks.visible(N_q, N_k, causal=causal, window_size=window)).to(q.device)
-    empty = ~keep.any(-1, keepdim=True)  # (N_q, 1) rows that see nothing
-    s = s.masked_fill(~keep, float("-inf")).masked_fill(empty, 0.0)
-    p = torch.softmax(s, -1).masked_fill(empty, 0.0)
-    o = p @ v64.repeat_interleave(G, 1)
-    o.backward(do.double())
-    lse = torch.logsumexp(s, -1).masked_fill(empty[:, 0], float("-inf"))
-    return o.detach(), lse.detach(), q64.grad, k64.grad, v64.grad
-
-
 def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
     """PyTorch SDPA on the same inputs in their dtype: (backend, o, dq, dk, dv), NaN of empty rows
     set to 0.
@@ -145,21 +126,6 @@ def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
             )
     o.backward(do)
     return (backend, *(torch.nan_to_num(x.detach(), nan=0.0) for x in (o, q.grad, k.grad, v.grad)))
-
-
-def within(x, ref, dtype, grad: bool) -> bool:
-    """|x - ref| <= atol + rtol |ref| elementwise with flashedu.testing's tolerance for dtype;
-    infinities must match."""
-    tol = tolerance(dtype, grad=grad)
-    x, ref = x.double(), ref.double()
-    same_inf = torch.isinf(x) & torch.isinf(ref) & (x == ref)
-    diff = torch.where(same_inf, 0.0, (x - ref).abs())
-    return bool((diff <= tol.atol + tol.rtol * torch.where(same_inf, 0.0, ref.abs())).all())
-
-
-def _err(x, ref) -> float:
-    """Max |x - ref|; matching infinities (lse of empty rows) count as 0, any NaN as inf."""
-    return max_error(x, ref)[0]
 
 
 def check_case(case: dict) -> list[dict]:

@@ -7,13 +7,13 @@ alone, in a few minutes, with
     PYTHONPATH=$PWD python -m flashedu.bench.gpu_check --features --out FILE.json
 
 Each row compares the kernels' o and lse (forward) and dq, dk, dv (backward) with a float64
-computation on the GPU (`gpu_check.float64_attention`), and applies flash-attn's rule against a
-same-precision computation on the same inputs: `lowp_attention`, PyTorch ops in the inputs' dtype
-with autograd (flash-attn's `attention_ref(upcast=False)`). SDPA is not used here: it has no score
-mod and no packed layout, and for head dims that are not multiples of 8 it falls back to its MATH
-backend, which computes in fp32. A row passes when every element is within flashedu.testing's
-tolerance, lse within 1e-3, and (fp16/bf16) the max error at most twice the same-precision one plus
-1e-6; fp32 rows are held to the tolerance only.
+computation on the GPU (`oracles.float64_attention`), and applies flash-attn's rule against a
+same-precision computation on the same inputs: `oracles.lowp_attention`, PyTorch ops in the
+inputs' dtype with autograd (flash-attn's `attention_ref(upcast=False)`). SDPA is not used here:
+it has no score mod and no packed layout, and for head dims that are not multiples of 8 it falls
+back to its MATH backend, which computes in fp32. A row passes when every element is within
+flashedu.testing's tolerance, lse within 1e-3, and (fp16/bf16) the max error at most twice the
+same-precision one plus 1e-6; fp32 rows are held to the tolerance only.
 
 Introduced in notebooks/08_benchmarks.ipynb.
 """
@@ -24,7 +24,8 @@ import os
 
 import torch
 
-from .. import masks
+from .oracles import err as _err
+from .oracles import float64_attention, lowp_attention, within
 
 DIMS = (40, 59, 80, 96, 111, 192)  # head dims real models use that are not powers of two
 VALUE_DIMS = ((128, 64), (64, 128), (192, 128), (96, 40))  # (d, d_v)
@@ -59,25 +60,6 @@ def _softcap(s):
     return SOFTCAP * torch.tanh(s / SOFTCAP)
 
 
-def lowp_attention(q, k, v, do, *, causal, window, scale, mod):
-    """o, dq, dk, dv by PyTorch ops in the inputs' dtype (scores and probabilities rounded to it,
-    the softmax in fp32 inside torch.softmax), autograd for the gradients; rows that see nothing
-    give 0."""
-    N_q, N_k, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    s = (q * scale) @ k.repeat_interleave(G, 1).transpose(-1, -2)  # (B, H, N_q, N_k) in dtype
-    if mod == "softcap":
-        s = _softcap(s)
-    keep = torch.from_numpy(masks.visible(N_q, N_k, causal=causal, window_size=window))
-    keep = keep.to(q.device)
-    empty = ~keep.any(-1, keepdim=True)
-    s = s.masked_fill(~keep, float("-inf")).masked_fill(empty, 0.0)
-    p = torch.softmax(s, -1).masked_fill(empty, 0.0)
-    o = p @ v.repeat_interleave(G, 1)
-    o.backward(do)
-    return o.detach(), q.grad, k.grad, v.grad
-
-
 def _inputs(B, H, H_kv, N_q, N_k, d, d_v, dtype, seed, scale=1.0):
     """Fresh standard-normal q, k, v (d_v wide) and do, on the GPU (CPU under the interpreter)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,7 +73,6 @@ def _inputs(B, H, H_kv, N_q, N_k, d, d_v, dtype, seed, scale=1.0):
 def _rows(case, seed, o, lse, grads, ref, low, extra):
     """The fwd and bwd rows, in gpu_check's format, from the kernels' outputs, float64 (o, lse,
     dq, dk, dv) and the same-precision (o, dq, dk, dv)."""
-    from .gpu_check import _err, within
 
     dtype = case["dtype"]
     rule = lambda e, e_low: dtype == "float32" or e <= 2 * e_low + 1e-6  # noqa: E731
@@ -123,7 +104,6 @@ def check_dense(case: dict) -> list[dict]:
     """One (B, H, N, d) row pair: a head dim, a value head dim and maybe the soft-capping mod."""
     from .. import triton_attention as ta
     from .. import triton_mods
-    from .gpu_check import float64_attention
 
     seed = int.from_bytes(os.urandom(4), "little")
     keys = ("B", "H", "H_kv", "N_q", "N_k", "d", "d_v", "dtype")
@@ -135,7 +115,7 @@ def check_dense(case: dict) -> list[dict]:
     grads = ta.backward(do, q, k, v, o, lse, causal=case["causal"], score_mod=mod)
     opts = dict(causal=case["causal"], window=None, scale=scale)
     ref = float64_attention(q, k, v, do, slopes=None, mod=_softcap if mod else None, **opts)
-    low = lowp_attention(q, k, v, do, mod=case["mod"], **opts)
+    low = lowp_attention(q, k, v, do, mod=_softcap if mod else None, **opts)
     extra = " ".join(x for x in (f"gqa {case['H']}/{case['H_kv']}",
                                  f"Ev {case['d_v']}" if case["d_v"] != case["d"] else "",
                                  f"softcap {SOFTCAP}" if mod else "") if x)  # fmt: skip
@@ -151,7 +131,6 @@ def check_varlen(case: dict) -> list[dict]:
     """One packed batch through `flashedu.triton_varlen` against float64 and the same-precision
     computation run sequence by sequence (bottom-right causal within each)."""
     from .. import triton_varlen
-    from .gpu_check import float64_attention
 
     seed = int.from_bytes(os.urandom(4), "little")
     lens_q, lens_k, H, H_kv, d = case["lens_q"], case["lens_k"], case["H"], case["H_kv"], case["d"]
