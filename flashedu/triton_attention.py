@@ -199,11 +199,12 @@ def _attn_fwd(
 # Launch: autotuned on a GPU over this table (flashedu.triton_launch),
 # one fixed config under the interpreter
 # --------------------------------------------------------------------------------------------------
-def _fwd_table(d, wide):
+def fwd_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) candidates for tile width d (`triton_launch.tile_width`);
     the first is used untuned (fp32, head dims other than 64 and 128, Ev != E, window, score mod,
     packed sequences). Chosen from sm_90 compiles without register spills and H200 timings
-    (notebooks/results/GPU_NOTES.md); the 16, 32 and 256 rows are the safe first entries only."""
+    (notebooks/results/GPU_NOTES.md); the 16, 32 and 256 rows are the safe first entries only.
+    Public for the GPU check (`flashedu.bench.gpu_check`), which compiles and checks every entry."""
     if wide:  # fp32: IEEE dots run on FMA units, small tiles
         return [(32, 16, 4, 2)] if d <= 64 else [(16, 16, 4, 2)]
     if d <= 64:
@@ -213,7 +214,10 @@ def _fwd_table(d, wide):
     return [(64, 32, 4, 3)]
 
 
-_attn_fwd_tuned = autotuned(_attn_fwd, _fwd_table, MASK_KEY)
+_attn_fwd_tuned = autotuned(_attn_fwd, fwd_table, MASK_KEY)
+# The autotuned kernel by pass, for the GPU check's report of the config each key kept (on a GPU
+# the kernel's `cache` maps an autotune key to its config; under the interpreter it has none).
+AUTOTUNED = {"fwd": _attn_fwd_tuned}
 
 
 def run_forward(q, k, v, pl: Plan, config, cu=None, max_seqlen_q=None, out=None):

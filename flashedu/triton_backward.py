@@ -340,9 +340,10 @@ def _attn_bwd_dq(
         DQ.dtype.element_ty), rows, N_q, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
 
 
-def _dkdv_table(d, wide):
+def dkdv_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) for the dK/dV kernel (BLOCK_N keys per program, BLOCK_M
-    queries a step) at tile width d; as `_fwd_table`, the first entry runs untuned."""
+    queries a step) at tile width d; as `triton_attention.fwd_table`, the first entry runs untuned
+    and the GPU check checks every entry."""
     if wide:
         return [(16, 64, 8, 1)] if d <= 128 else [(16, 16, 4, 1)]
     if d <= 64:
@@ -352,9 +353,10 @@ def _dkdv_table(d, wide):
     return [(32, 64, 8, 2)]
 
 
-def _dq_table(d, wide):
+def dq_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) for the dQ kernel (BLOCK_M queries per program, BLOCK_N
-    keys a step) at tile width d; as `_fwd_table`, the first entry runs untuned."""
+    keys a step) at tile width d; as `triton_attention.fwd_table`, the first entry runs untuned
+    and the GPU check checks every entry."""
     if wide:
         return [(32, 16, 4, 2)]
     if d <= 64:
@@ -364,8 +366,10 @@ def _dq_table(d, wide):
     return [(32, 32, 4, 2)]
 
 
-_attn_bwd_dkdv_tuned = autotuned(_attn_bwd_dkdv, _dkdv_table, MASK_KEY)
-_attn_bwd_dq_tuned = autotuned(_attn_bwd_dq, _dq_table, MASK_KEY)
+_attn_bwd_dkdv_tuned = autotuned(_attn_bwd_dkdv, dkdv_table, MASK_KEY)
+_attn_bwd_dq_tuned = autotuned(_attn_bwd_dq, dq_table, MASK_KEY)
+# The autotuned kernels by pass, for the GPU check (as `triton_attention.AUTOTUNED`).
+AUTOTUNED = {"dkdv": _attn_bwd_dkdv_tuned, "dq": _attn_bwd_dq_tuned}
 
 
 def backward(

@@ -127,7 +127,7 @@ def test_autotune_tables_give_untuned_head_dims_their_width_s_first_entry(d, d_v
     from flashedu import triton_launch as tl_
 
     q = torch.empty(1, 1, 1, d, dtype=torch.float16)
-    for table in (ta._fwd_table, tb._dkdv_table, tb._dq_table):
+    for table in (ta.fwd_table, tb.dkdv_table, tb.dq_table):
         configs = tl_._all_configs(table)
         flags = dict(HEAD_DIM=d, V_DIM=d_v, BLOCK_D=pad_dim(d), BLOCK_DV=pad_dim(d_v),
                      HAS_LEFT=False, HAS_RIGHT=True, HAS_MOD=False, VARLEN=False)  # fmt: skip

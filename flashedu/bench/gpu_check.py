@@ -239,7 +239,7 @@ def config_jobs(explore_too: bool) -> list[tuple]:
     from .. import triton_attention as ta
     from .. import triton_backward as tb
 
-    tables = {"fwd": ta._fwd_table, "dkdv": tb._dkdv_table, "dq": tb._dq_table}
+    tables = {"fwd": ta.fwd_table, "dkdv": tb.dkdv_table, "dq": tb.dq_table}
     jobs = {
         (dt, d, c, kern, tuple(cfg))
         for dt in ("bfloat16", "float16")
@@ -316,11 +316,7 @@ def autotune_choices() -> list[dict]:
     from .. import triton_backward as tb
 
     rows = []
-    for name, kern in (
-        ("fwd", ta._attn_fwd_tuned),
-        ("dkdv", tb._attn_bwd_dkdv_tuned),
-        ("dq", tb._attn_bwd_dq_tuned),
-    ):
+    for name, kern in (*ta.AUTOTUNED.items(), *tb.AUTOTUNED.items()):
         for key, cfg in getattr(kern, "cache", {}).items():
             rows.append(
                 {
