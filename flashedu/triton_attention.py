@@ -42,7 +42,7 @@ import triton.language as tl  # noqa: E402
 
 from .autograd import flash_attention
 from .triton_backward import backward  # noqa: F401  (defined beside its kernels; re-exported)
-from .triton_common import block_range, visible
+from .triton_common import LOG2E, block_range, visible  # noqa: F401  (LOG2E: chapter 06 uses it)
 from .triton_launch import (  # noqa: F401
     DTYPES,
     HEAD_DIMS,

@@ -26,7 +26,8 @@ Built in: `alibi(slopes)` (Press et al. 2022, the kernels' `alibi_slopes` goes t
 masks it, but the kernels still visit its block (block skipping follows `causal` and
 `window_size` only).
 
-Introduced in notebooks/10_in_practice.ipynb; the kernels in notebooks/06_triton_forward.ipynb.
+notebooks/10_in_practice.ipynb teaches score mods with FlexAttention; this is the same idea in the
+kernels of notebooks/06_triton_forward.ipynb.
 """
 
 from __future__ import annotations

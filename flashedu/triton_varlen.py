@@ -18,7 +18,8 @@ lse is (H, total_q), float32, as flash-attn returns it for packed input.
 Limits: fp16, bf16, fp32; one head dim d for q, k and v (as `flashedu.varlen` checks); the launch
 configs are the first, untuned entries of the kernels' tables.
 
-Introduced in notebooks/10_in_practice.ipynb.
+notebooks/10_in_practice.ipynb teaches packed sequences (`flashedu.varlen`); this is their
+one-launch path in the kernels of notebooks/06_triton_forward.ipynb.
 """
 
 from __future__ import annotations

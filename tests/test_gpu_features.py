@@ -26,6 +26,7 @@ def test_feature_rows_cover_the_head_dims_value_dims_mods_and_packing():
     assert any(c["mod"] == "softcap" for c in dense)
     assert {c["causal"] for c in cases if c["kind"] == "varlen"} == {False, True}
     assert {c["dtype"] for c in cases} == {"float16", "bfloat16", "float32"}
+    assert all(set(gpu_check.CASE_KEYS) <= set(c) for c in cases)  # what the matrix's rows read
     assert all(c in gpu_check.matrix() for c in gpu_features.feature_cases(quick=True))
 
 
@@ -54,8 +55,9 @@ def test_small_feature_rows_pass_here():
              dtype="float16", d=40, d_v=24, causal=True),
         dict(kind="dense", B=1, H=2, H_kv=1, N_q=17, N_k=17, mod="softcap", window=None,
              dtype="float16", d=16, d_v=16, causal=True),
-        dict(kind="varlen", dtype="float16", d=32, d_v=32, causal=True, H=2, H_kv=1,
-             lens_q=[1, 17, 30, 3], lens_k=[1, 20, 30, 9], mod=None),
+        dict(kind="varlen", dtype="float16", d=32, d_v=32, causal=True, B=4, H=2, H_kv=1, N_q=51,
+             N_k=60, lens_q=[1, 17, 30, 3], lens_k=[1, 20, 30, 9], mod=None, window=None,
+             alibi=False),
     ]  # fmt: skip
     rows = gpu_check._check_many(small)
     assert len(rows) == 6 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]

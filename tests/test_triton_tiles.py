@@ -101,7 +101,8 @@ def test_value_head_dim_through_autograd_and_gqa(rng):
 
 
 @pytest.mark.parametrize(
-    "d,d_v,dtype", [(40, 40, "float32"), (59, 24, "float16"), (1, 1, "float32")]
+    "d,d_v,dtype",
+    [(40, 40, "float32"), (59, 24, "float16"), (1, 1, "float32"), (192, 96, "float32")],
 )
 def test_split_kv_decoding_takes_any_head_dims(d, d_v, dtype, rng):
     q, k, v = _inputs(rng, 1, 4, 2, 2, 45, d, d_v, dtype)

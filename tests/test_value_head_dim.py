@@ -105,3 +105,26 @@ def test_value_head_dim_errors_name_the_shapes(rng):
     o, lse = naive.forward(q, k, v)
     with pytest.raises(ValueError, match=r"do must have shape \(B, H, N_q, d_v\) \(1, 2, 5, 3\)"):
         naive.backward(do[..., :2], q, k, v, o, lse)
+
+
+@pytest.mark.parametrize("d", [1, 40, 59, 96, 192])
+def test_numpy_and_torch_implementations_take_any_head_dim(d, rng):
+    """The head dims the Triton kernels pad (tests/test_triton_tiles.py), here in float64."""
+    q, k, v, do = _qkv(rng, 1, 2, 1, 13, 9, d, d)
+    o_ref, lse_ref = reference.forward(q, k, v, causal=True)
+    g_ref = reference.backward(do, q, k, v, causal=True)
+    t = [torch.from_numpy(x) for x in (q, k, v, do)]
+    for name, fwd, bwd in (
+        ("naive", lambda: naive.forward(q, k, v, causal=True), naive.backward),
+        ("tiled", lambda: tiled.forward(q, k, v, causal=True, block_m=4, block_n=4),
+         lambda *a, **kw: tiled.backward(*a, **kw, block_m=4, block_n=4)),
+    ):  # fmt: skip
+        o, lse = fwd()
+        assert_close(o, o_ref, "float64", name=f"{name} o")
+        for g, r in zip(bwd(do, q, k, v, o, lse, causal=True), g_ref):
+            assert_close(g, r, "float64", grad=True, name=name)
+    o, lse = torch_tiled.forward(*t[:3], causal=True, block_m=4, block_n=4)
+    assert_close(o, o_ref, "float64", name="torch_tiled o")
+    for g, r in zip(torch_tiled.backward(t[3], *t[:3], o, lse, causal=True, block_m=4, block_n=4),
+                    g_ref):  # fmt: skip
+        assert_close(g, r, "float64", grad=True, name="torch_tiled")

@@ -38,7 +38,9 @@ def feature_cases(quick: bool = False) -> list[dict]:
     head dim of DIMS in fp16, causal and not, and causal in bf16; each (d, d_v) of VALUE_DIMS;
     soft-capping; packed batches; a few fp32 rows. `quick`: fp16 causal rows only, one of each
     other kind."""
-    base = dict(kind="dense", B=2, H=4, H_kv=2, N_q=300, N_k=433, mod=None, window=None)
+    base = dict(
+        kind="dense", B=2, H=4, H_kv=2, N_q=300, N_k=433, mod=None, window=None, alibi=False
+    )
     fp16 = [("float16", True)] if quick else [("float16", False), ("float16", True)]
     bf16 = [] if quick else [("bfloat16", True)]
     cases = [dict(base, dtype=t, d=d, d_v=d, causal=c) for t, c in fp16 + bf16 for d in DIMS]
@@ -49,8 +51,9 @@ def feature_cases(quick: bool = False) -> list[dict]:
     ]
     for dtype, causal in fp16 + bf16:
         lens_q, lens_k = LENS if causal else (LENS[0], LENS[0])
-        cases.append(dict(kind="varlen", dtype=dtype, d=128, d_v=128, causal=causal, H=8, H_kv=2,
-                          lens_q=lens_q, lens_k=lens_k, mod=None))  # fmt: skip
+        cases.append(dict(kind="varlen", dtype=dtype, d=128, d_v=128, causal=causal, B=len(lens_q),
+                          H=8, H_kv=2, N_q=sum(lens_q), N_k=sum(lens_k), lens_q=lens_q,
+                          lens_k=lens_k, mod=None, window=None, alibi=False))  # fmt: skip
     for d, d_v in ((96, 96),) if quick else ((40, 40), (96, 96), (64, 128)):
         cases.append(dict(base, dtype="float32", d=d, d_v=d_v, causal=True))
     return cases
@@ -79,9 +82,7 @@ def _rows(case, seed, o, lse, grads, ref, low, extra):
     row = {
         "impl": "flashedu-triton",
         **{key: case[key] for key in ("dtype", "d", "d_v", "causal", "H", "H_kv")},
-        "N_q": o.shape[-2] if case["kind"] == "dense" else sum(case["lens_q"]),
-        "N_k": case.get("N_k", sum(case.get("lens_k", []))),
-        "B": case.get("B", len(case.get("lens_q", []))),
+        **{key: case[key] for key in ("B", "N_q", "N_k")},
         "extra": extra,
         "seed": seed,
         "sdpa_backend": f"torch ops in {dtype}",
