@@ -6,8 +6,11 @@ Works on NumPy arrays and torch tensors alike (anything with `.shape`, `.ndim` a
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
+
+from .dtypes import acc_dtype, dtype_name
 
 NUMPY_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -20,6 +23,21 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def _check_array(x, arg: str, name: str, kind: str | None, what: str = "an array or tensor"):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        got = "None" if x is None else type(x).__name__
+        raise TypeError(f"{name}: {arg} must be {what}, got {got}")
+    if kind == "numpy" and not isinstance(x, np.ndarray):
+        raise TypeError(
+            f"{name}: {arg} must be a numpy.ndarray, got {type(x).__module__}.{type(x).__name__} "
+            "(a NumPy implementation takes arrays)"
+        )
+    if kind == "torch" and not _is_torch(x):
+        raise TypeError(
+            f"{name}: {arg} must be a torch.Tensor, got {type(x).__module__}.{type(x).__name__}"
+        )
+
+
 def check_qkv(
     q, k, v, *, name: str = "attention", kind: str | None = None
 ) -> tuple[int, int, int, int, int, int]:
@@ -29,17 +47,7 @@ def check_qkv(
     Returns (B, H, H_kv, N_q, N_k, d).
     """
     for arg, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{name}: {arg} must be an array or tensor, got {type(x).__name__}")
-        if kind == "numpy" and not isinstance(x, np.ndarray):
-            raise TypeError(
-                f"{name}: {arg} must be a numpy.ndarray, got "
-                f"{type(x).__module__}.{type(x).__name__}"
-            )
-        if kind == "torch" and not _is_torch(x):
-            raise TypeError(
-                f"{name}: {arg} must be a torch.Tensor, got {type(x).__module__}.{type(x).__name__}"
-            )
+        _check_array(x, arg, name, kind)
         if x.ndim != 4:
             raise ValueError(
                 f"{name}: {arg} must have shape (B, H, N, d) (4 dims), got shape {_shape(x)}"
@@ -81,33 +89,108 @@ def check_qkv(
     return B, H, H_kv, N_q, N_k, d
 
 
-def resolve_scale(softmax_scale, d: int, *, name: str = "attention") -> float:
-    """`softmax_scale` or the default 1/sqrt(d); rejects non-finite or non-positive-real values."""
+def check_causal(causal, *, name: str = "attention") -> bool:
+    """`causal` must be a bool (or NumPy's bool): a string such as "False" is truthy, so it is
+    refused rather than read as True."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{name}: causal must be a bool, got {type(causal).__name__} {causal!r}")
+    return bool(causal)
+
+
+def _is_real(x) -> bool:
+    """A real number: int, float, NumPy scalar or 0-dim array/tensor of a real dtype; not a bool."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, numbers.Real):
+        return True
+    dtype = str(getattr(x, "dtype", ""))
+    return getattr(x, "ndim", None) == 0 and ("float" in dtype or "int" in dtype)
+
+
+def resolve_scale(
+    softmax_scale, d: int, *, name: str = "attention", arg: str = "softmax_scale"
+) -> float:
+    """`softmax_scale` as a float, or the default 1/sqrt(d) for None.
+
+    Anything but a real number (a string, a bool, a complex number, an array) is a TypeError and a
+    non-finite value a ValueError; zero and negative scales are valid math and are accepted.
+    """
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
-    try:
-        scale = float(softmax_scale)
-    except (TypeError, ValueError):
+    if not _is_real(softmax_scale):
         raise TypeError(
-            f"{name}: softmax_scale must be a real number or None, got {softmax_scale!r}"
-        ) from None
+            f"{name}: {arg} must be a real number or None, got "
+            f"{type(softmax_scale).__name__} {softmax_scale!r}"
+        )
+    scale = float(softmax_scale)
     if not math.isfinite(scale):
-        raise ValueError(f"{name}: softmax_scale must be finite, got {softmax_scale!r}")
+        raise ValueError(f"{name}: {arg} must be finite, got {softmax_scale!r}")
     return scale
 
 
-def check_backward(do, o, lse, q, *, name: str = "attention backward") -> None:
-    """do and o must have q's shape; lse must be (B, H, N_q)."""
+def check_do(do, q, *, name: str = "attention backward", kind: str | None = None) -> None:
+    """do, the gradient of the output, must be an array of q's kind, shape and dtype."""
+    _check_array(do, "do", name, kind, "an array or tensor (the gradient of o)")
     if _shape(do) != _shape(q):
         raise ValueError(f"{name}: do must have q's shape {_shape(q)}, got {_shape(do)}")
+    if do.dtype != q.dtype:
+        raise TypeError(f"{name}: do must have q's dtype {q.dtype}, got {do.dtype}")
+
+
+def check_backward(
+    do,
+    o,
+    lse,
+    q,
+    *,
+    name: str = "attention backward",
+    kind: str | None = None,
+    strict_lse_dtype: bool = True,
+) -> None:
+    """The backward's extra inputs, against the validated q (B, H, N_q, d).
+
+    do and o: q's array kind and shape (do also q's dtype). lse: the forward's log-sum-exp, shape
+    (B, H, N_q), float32 (float64 for float64 q; any float dtype with strict_lse_dtype=False), on
+    q's device, with no NaN and no +inf (-inf marks a fully masked row). The value check reads lse
+    once; under torch.compile it is left out, since a graph cannot branch on tensor values.
+    """
+    check_do(do, q, name=name, kind=kind)
+    _check_array(o, "o", name, kind, "an array or tensor (the forward's output)")
+    _check_array(lse, "lse", name, kind, "an array or tensor (the forward's log-sum-exp)")
     if _shape(o) != _shape(q):
         raise ValueError(f"{name}: o must have q's shape {_shape(q)}, got {_shape(o)}")
     if _shape(lse) != _shape(q)[:3]:
         raise ValueError(
             f"{name}: lse must have shape (B, H, N_q) = {_shape(q)[:3]}, got {_shape(lse)}"
         )
-    if do.dtype != q.dtype:
-        raise TypeError(f"{name}: do must have q's dtype {q.dtype}, got {do.dtype}")
+    want = dtype_name(acc_dtype(q.dtype))
+    if dtype_name(lse.dtype) != want and (strict_lse_dtype or "float" not in dtype_name(lse.dtype)):
+        raise TypeError(
+            f"{name}: lse must be {want} for {dtype_name(q.dtype)} inputs (as forward returns it), "
+            f"got {dtype_name(lse.dtype)}"
+        )
+    if _is_torch(q) and not (do.device == o.device == lse.device == q.device):
+        raise ValueError(
+            f"{name}: do, o and lse must be on q's device {q.device}, got {do.device}, "
+            f"{o.device} and {lse.device}"
+        )
+    _check_lse_values(lse, name)
+
+
+def _check_lse_values(lse, name: str) -> None:
+    if _is_torch(lse):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        bad = int((torch.isnan(lse) | torch.isposinf(lse)).sum())
+    else:
+        bad = int((np.isnan(lse) | np.isposinf(lse)).sum())
+    if bad:
+        raise ValueError(
+            f"{name}: lse has {bad} NaN or +inf entries; it must be the log-sum-exp that forward "
+            "returned (finite, or -inf on a fully masked row)"
+        )
 
 
 def check_window(window_size, *, name: str = "attention") -> tuple[int, int] | None:
@@ -126,6 +209,33 @@ def check_window(window_size, *, name: str = "attention") -> tuple[int, int] | N
             f"{name}: window_size entries must be >= 0, or -1 for unbounded, got {window_size!r}"
         )
     return left, right
+
+
+def check_slopes(alibi_slopes, H: int, *, B: int | None = None, name: str = "attention"):
+    """None, or ALiBi slopes: finite numbers of shape (H,), one per query head, or with `B` given
+    also (B, H), one row per batch element. Accepts a sequence, a NumPy array or a torch tensor and
+    returns it unchanged."""
+    if alibi_slopes is None:
+        return None
+    shape = tuple(alibi_slopes.shape) if hasattr(alibi_slopes, "shape") else np.shape(alibi_slopes)
+    allowed = [(H,)] if B is None else [(H,), (B, H)]
+    if shape not in allowed:
+        expected = f"(H,) = ({H},)" + ("" if B is None else f" or (B, H) = ({B}, {H})")
+        raise ValueError(f"{name}: alibi_slopes must have shape {expected}, got {shape}")
+    if _is_torch(alibi_slopes):
+        import torch
+
+        finite = bool(torch.isfinite(alibi_slopes).all())
+    else:
+        try:
+            finite = bool(np.isfinite(np.asarray(alibi_slopes, dtype=np.float64)).all())
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{name}: alibi_slopes must be real numbers, got {alibi_slopes!r}"
+            ) from None
+    if not finite:
+        raise ValueError(f"{name}: alibi_slopes must be finite, got {alibi_slopes!r}")
+    return alibi_slopes
 
 
 def check_block(block: int, arg: str, *, name: str = "attention") -> int:

@@ -19,6 +19,7 @@ scaled_dot_product_attention`, so a model can swap it in. Differences, all loud:
 * `value` must have the head dimension of `key` (Ev == E), else NotImplementedError.
 * Where PyTorch fails on a shape mismatch with a RuntimeError, this raises ValueError naming the
   argument.
+* `scale` must be a real number: `scale=True` is a TypeError, where PyTorch reads it as 1.0.
 
 Introduced in notebooks/05_pytorch_autograd.ipynb.
 """
@@ -29,6 +30,7 @@ import math
 
 import torch
 
+from ._validate import resolve_scale
 from .autograd import flash_attention, get_impl
 from .registry import IMPLEMENTATIONS
 
@@ -66,6 +68,11 @@ def attention(
     Returns:
         o: (B, H, N_q, d) in q's dtype; fully masked rows are 0 and get zero gradients.
     """
+    if not isinstance(impl, str):
+        raise TypeError(
+            f'attention: impl must be a str ("auto" or a registry name), got '
+            f"{type(impl).__name__} {impl!r}"
+        )
     if impl == "reference" or (impl != "auto" and impl not in IMPLEMENTATIONS):
         names = ["auto"] + sorted(n for n in IMPLEMENTATIONS if n != "reference")
         raise ValueError(
@@ -166,8 +173,39 @@ def _as_4d(query, key, value, enable_gqa: bool):
     out = []
     for x in (query, key, value):
         x = x.expand(*batch, *x.shape[lead:])
-        out.append(x.reshape(-1, x.shape[-3], *x.shape[-2:]) if x.ndim > 2 else x[None, None])
-    return (*out, (*batch, *query.shape[lead:]))
+        # the leading dims fold into B by their product, which stays right when one of them is 0
+        out.append(
+            x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:]) if x.ndim > 2 else x[None, None]
+        )
+    return (*out, (*batch, *query.shape[lead:-1], value.shape[-1]))
+
+
+def _nothing_to_attend(q, k, v) -> torch.Tensor:
+    """SDPA where nothing is computed: no query rows (B, H or L is 0), no keys (S = 0, where PyTorch
+    returns zeros), or Ev = 0. The plain product (q k^T) v is then exactly that empty or zero
+    result, and autograd differentiates it to PyTorch's gradients: zeros, or empty."""
+    if k.shape[1] and q.shape[1] != k.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)  # (B, H, L, S) @ (B, H, S, Ev)
+
+
+def _check_flags(dropout_p, is_causal) -> None:
+    """SDPA's flags: is_causal a bool (as PyTorch demands), dropout_p a real number and 0."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(
+            f"scaled_dot_product_attention: is_causal must be a bool, got "
+            f"{type(is_causal).__name__} {is_causal!r}"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(
+            f"scaled_dot_product_attention: dropout_p must be a float, got "
+            f"{type(dropout_p).__name__} {dropout_p!r}"
+        )
+    if dropout_p != 0:
+        raise NotImplementedError(
+            f"scaled_dot_product_attention: dropout_p must be 0.0 (flashedu computes exact "
+            f"attention, no dropout), got dropout_p={dropout_p!r}"
+        )
 
 
 def scaled_dot_product_attention(
@@ -188,12 +226,13 @@ def scaled_dot_product_attention(
     defaults to 1/sqrt(E); like PyTorch's, `scale` and `enable_gqa` are keyword-only. With
     enable_gqa=True, key and value may have fewer heads (dim -3), H_q % H_kv == 0.
     Unsupported: other attn_mask tensors, dropout_p > 0, value with Ev != E (NotImplementedError).
+
+    Empty inputs behave as PyTorch's: a batch, head or query length of 0 gives an empty output, and
+    S = 0 (no keys) gives zeros, with zero or empty gradients. As in PyTorch, `is_causal` must be a
+    bool and `dropout_p` a number (TypeError otherwise); `scale` must be a real, finite number,
+    where PyTorch also takes a bool.
     """
-    if not isinstance(dropout_p, (int, float)) or dropout_p != 0:
-        raise NotImplementedError(
-            f"scaled_dot_product_attention: dropout_p must be 0.0 (flashedu computes exact "
-            f"attention, no dropout), got dropout_p={dropout_p!r}"
-        )
+    _check_flags(dropout_p, is_causal)
     if (
         isinstance(value, torch.Tensor)
         and isinstance(key, torch.Tensor)
@@ -205,14 +244,21 @@ def scaled_dot_product_attention(
         )
     q, k, v, out_shape = _as_4d(query, key, value, enable_gqa)
     L, S = q.shape[-2], k.shape[-2]
-    causal = _causal_from_mask(attn_mask, bool(is_causal), L, S)
-    if enable_gqa and q.shape[1] % k.shape[1]:
+    causal = _causal_from_mask(attn_mask, is_causal, L, S)
+    if enable_gqa and (q.shape[1] % k.shape[1] if k.shape[1] else q.shape[1]):
         raise ValueError(
             "scaled_dot_product_attention: with enable_gqa=True "
             f"query's {q.shape[1]} heads must be "
             f"a multiple of key's {k.shape[1]}"
         )
-    softmax_scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    name = "scaled_dot_product_attention"
+    if scale is not None:
+        resolve_scale(scale, 1, name=name, arg="scale")  # a real, finite number, even if unused
+    if q.shape[0] * q.shape[1] * L == 0 or S == 0 or v.shape[-1] == 0:
+        return _nothing_to_attend(q, k, v).reshape(out_shape)
+    softmax_scale = (
+        resolve_scale(scale, q.shape[-1], name=name, arg="scale") if q.shape[-1] else scale
+    )
     if causal == "top_left" and L != S:
         o = top_left_causal(q, k, v, softmax_scale=softmax_scale)
     else:

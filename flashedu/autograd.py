@@ -12,8 +12,16 @@ back, so they work on CPU tensors and are slow on a GPU.
 
 `saved_tensor_bytes` measures what autograd keeps alive for backward, for any function of tensors.
 
-Limits: first derivatives only (the backward is not itself differentiable, so no double backward);
-no gradient flows to `alibi_slopes` or other extras.
+Transforms: under `torch.func.vmap` the mapped dimension is folded into the batch (one call of
+the implementation for the whole map), for the forward and the backward alike, so per-sample
+gradients and `torch.func.jacrev` work with every implementation. `torch.compile(fullgraph=True)`
+traces a call through a torch implementation (`torch_tiled`); the NumPy ones copy tensors to host
+arrays, which a graph cannot hold.
+
+Limits: first derivatives in reverse mode only. Asking for a gradient of a gradient (double
+backward) raises NotImplementedError, and so does forward mode (`torch.func.jvp`, `jacfwd`,
+`hessian`: PyTorch's own message, since a custom `jvp` would keep torch.compile from tracing the
+Function); no gradient flows to `alibi_slopes` or other extras.
 
 Introduced in notebooks/05_pytorch_autograd.ipynb.
 """
@@ -24,19 +32,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
-from ._validate import check_qkv, resolve_scale
+from .dtypes import dtype_name
 from .registry import IMPLEMENTATIONS, Implementation
-from .testing import dtype_name
 
 # keyword -> the registry feature an implementation needs to accept it
 _FEATURES = {"window_size": "window", "alibi_slopes": "alibi"}
 
 
-def get_impl(name: str) -> Implementation:
+def get_impl(name) -> Implementation:
     """The registry entry called `name`, importing its module; a clear error if it cannot be used
     here."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"impl must be a str, one of {sorted(IMPLEMENTATIONS)}, got {type(name).__name__} "
+            f"{name!r}"
+        )
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"impl must be one of {sorted(IMPLEMENTATIONS)}, got {name!r}")
     impl = IMPLEMENTATIONS[name]
@@ -49,17 +60,20 @@ def get_impl(name: str) -> Implementation:
 
 
 def _check_support(impl: Implementation, q, k, extras: dict) -> None:
+    """What the registry says `impl` supports: dtype, GQA, window, ALiBi. Shapes, scale and mask
+    are the implementation's own validation, which runs once, inside its forward."""
     if dtype_name(q.dtype) not in impl.dtypes:
         raise TypeError(
             f"impl={impl.name!r} supports dtypes {list(impl.dtypes)}, got {dtype_name(q.dtype)}"
         )
-    if q.shape[1] != k.shape[1] and "gqa" not in impl.features:
+    gqa = q.ndim == k.ndim == 4 and q.shape[1] != k.shape[1]
+    if gqa and "gqa" not in impl.features:
         raise NotImplementedError(
             f"impl={impl.name!r} needs as many K/V heads as query heads (no GQA), "
             f"got H={q.shape[1]} and H_kv={k.shape[1]}"
         )
     for key, value in extras.items():
-        if key in _FEATURES and value is not None and _FEATURES[key] not in impl.features:
+        if key in _FEATURES and _FEATURES[key] not in impl.features:
             raise NotImplementedError(
                 f"impl={impl.name!r} does not support {key}; got {key}={value!r}"
             )
@@ -69,51 +83,106 @@ def _host(x):
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
 
 
-def _run(impl: Implementation, fn: str, tensors: tuple, kwargs: dict) -> tuple:
-    """Call impl.<fn>(*tensors, **kwargs); NumPy implementations get host arrays, results come back
-    as tensors."""
+def _call(impl: Implementation, fn, tensors: tuple, kwargs: dict) -> tuple:
+    """fn(*tensors, **kwargs) for the registry's `impl.forward` or `impl.backward`. NumPy
+    implementations get host arrays, and their results come back as tensors on the inputs'
+    device."""
     if impl.kind == "torch":
-        return getattr(impl.module, fn)(*tensors, **kwargs)
+        return fn(*tensors, **kwargs)
     device = tensors[0].device
-    outs = getattr(impl.module, fn)(
-        *(_host(t) for t in tensors), **{k: _host(v) for k, v in kwargs.items()}
-    )
+    outs = fn(*(_host(t) for t in tensors), **{k: _host(v) for k, v in kwargs.items()})
     return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in outs)
+
+
+def _fold(x, dim, size: int):
+    """Move vmap's mapped dimension `dim` (None: not mapped) of x (B, ...) to the front and fold it
+    into the batch: (size * B, ...)."""
+    x = x.expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.reshape(size * x.shape[1], *x.shape[2:])
+
+
+def _unfold(x, size: int):
+    return x.reshape(size, x.shape[0] // size, *x.shape[1:])
+
+
+def _fold_extras(extras: tuple, size: int) -> tuple:
+    """Per-batch ALiBi slopes (B, H) repeat for each mapped copy of the batch."""
+    out = []
+    for key, value in extras:
+        if key == "alibi_slopes" and getattr(value, "ndim", 1) == 2:
+            value = torch.as_tensor(value).repeat(size, 1)
+        out.append((key, value))
+    return tuple(out)
 
 
 class FlashAttention(torch.autograd.Function):
     """o, lse = FlashAttention.apply(q, k, v, impl_name, causal, softmax_scale, extras).
 
-    Saves q, k, v, o, lse and nothing of size N_q x N_k; backward recomputes through the
-    implementation. Use `flash_attention`, which validates its inputs first.
+    `extras` is a tuple of (keyword, value) pairs passed on to the implementation. Saves q, k, v, o,
+    lse and nothing of size N_q x N_k; backward recomputes through the implementation. Use
+    `flash_attention`, which checks what the implementation supports first.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, impl_name, causal, softmax_scale, extras):
+    def forward(q, k, v, impl_name, causal, softmax_scale, extras):
         impl = IMPLEMENTATIONS[impl_name]
         kwargs = dict(extras, causal=causal, softmax_scale=softmax_scale)
-        o, lse = _run(impl, "forward", (q, k, v), kwargs)
-        ctx.save_for_backward(
-            q, k, v, o, lse
-        )  # (B, H, N, d) x 4 and (B, H, N_q): O(N), never O(N^2)
-        ctx.impl, ctx.kwargs = impl, kwargs
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        return _call(impl, impl.forward, (q, k, v), kwargs)
 
     @staticmethod
-    @once_differentiable
+    def setup_context(ctx, inputs, output):
+        q, k, v, impl_name, causal, softmax_scale, extras = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse)  # (B, H, N, d) x 4 and (B, H, N_q): O(N), not N^2
+        ctx.settings = (impl_name, causal, softmax_scale, extras)
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _run(ctx.impl, "backward", (do.contiguous(), q, k, v, o, lse), ctx.kwargs)
-        return (
-            dq,
-            dk,
-            dv,
-            None,
-            None,
-            None,
-            None,
-        )  # one gradient per forward input; none for the settings
+        dq, dk, dv = FlashAttentionBackward.apply(do, q, k, v, o, lse, *ctx.settings)
+        return dq, dk, dv, None, None, None, None  # none for the settings
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, impl_name, causal, softmax_scale, extras):
+        n = info.batch_size
+        q, k, v = (_fold(x, dim, n) for x, dim in zip((q, k, v), in_dims[:3]))
+        extras = _fold_extras(extras, n)
+        o, lse = FlashAttention.apply(q, k, v, impl_name, causal, softmax_scale, extras)
+        return (_unfold(o, n), _unfold(lse, n)), (0, 0)
+
+
+class FlashAttentionBackward(torch.autograd.Function):
+    """dq, dk, dv = FlashAttentionBackward.apply(do, q, k, v, o, lse, impl_name, causal,
+    softmax_scale, extras): the implementation's backward, as a function autograd can see, so that
+    vmap can batch it (per-sample gradients, `jacrev`) and a second derivative fails by name."""
+
+    @staticmethod
+    def forward(do, q, k, v, o, lse, impl_name, causal, softmax_scale, extras):
+        impl = IMPLEMENTATIONS[impl_name]
+        kwargs = dict(extras, causal=causal, softmax_scale=softmax_scale)
+        return _call(impl, impl.backward, (do.contiguous(), q, k, v, o, lse), kwargs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "flashedu.autograd: double backward (a gradient of a gradient) is not supported: the "
+            "attention backward is computed by the implementation's own kernel, which has no "
+            "derivative of its own"
+        )
+
+    @staticmethod
+    def vmap(info, in_dims, do, q, k, v, o, lse, impl_name, causal, softmax_scale, extras):
+        n = info.batch_size
+        args = [_fold(x, dim, n) for x, dim in zip((do, q, k, v, o, lse), in_dims[:6])]
+        grads = FlashAttentionBackward.apply(
+            *args, impl_name, causal, softmax_scale, _fold_extras(extras, n)
+        )
+        return tuple(_unfold(g, n) for g in grads), (0, 0, 0)
 
 
 def flash_attention(
@@ -133,24 +202,27 @@ def flash_attention(
     Args:
         q: (B, H, N_q, d) tensor.  k, v: (B, H_kv, N_k, d), H % H_kv == 0 (if the implementation
             supports GQA).
-        causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned).
+        causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned); a bool.
         softmax_scale: default 1 / sqrt(d).
         impl: a registry name, e.g. "torch_tiled", "triton", "naive", "tiled".
         return_lse: also return lse (B, H, N_q), which carries no gradient.
         extras: passed to the implementation, e.g. block_m, block_n, window_size, alibi_slopes.
     Returns:
         o (B, H, N_q, d) in q's dtype, or (o, lse) with return_lse=True.
+
+    The implementation validates q, k, v, the scale and the mask once, in its forward; this checks
+    only that the inputs are tensors and that the implementation supports what is asked.
     """
-    check_qkv(q, k, v, name="flash_attention", kind="torch")
-    scale = resolve_scale(softmax_scale, q.shape[-1], name="flash_attention")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"flash_attention: causal must be a bool, got {causal!r}")
+    for arg, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"flash_attention: {arg} must be a torch.Tensor, got "
+                f"{type(x).__module__}.{type(x).__name__}"
+            )
     implementation = get_impl(impl)
-    extras = {
-        key: value for key, value in extras.items() if not (key in _FEATURES and value is None)
-    }
+    extras = {key: value for key, value in extras.items() if value is not None}
     _check_support(implementation, q, k, extras)
-    o, lse = FlashAttention.apply(q, k, v, impl, bool(causal), scale, extras)
+    o, lse = FlashAttention.apply(q, k, v, impl, causal, softmax_scale, tuple(extras.items()))
     return (o, lse) if return_lse else o
 
 

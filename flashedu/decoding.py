@@ -38,7 +38,15 @@ from __future__ import annotations
 import numpy as np
 
 from . import softmax
-from ._validate import check_block, check_qkv, check_window, resolve_scale
+from ._validate import (
+    check_block,
+    check_causal,
+    check_qkv,
+    check_slopes,
+    check_window,
+    resolve_scale,
+)
+from .dtypes import acc_dtype
 from .traffic import band, kv_blocks
 
 SKIP, PARTIAL, FULL = "skip", "partial", "full"
@@ -100,10 +108,6 @@ def split_bounds(N_k: int, num_splits: int) -> list[tuple[int, int]]:
     return [(c, min(c + size, N_k)) for c in range(0, N_k, size)]
 
 
-def _acc(dtype) -> np.dtype:
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-
-
 def partial_state(q, k, v, cols, *, scale, causal=False, window_size=None, alibi_slopes=None):
     """The softmax state (m, l, o) of all query rows against keys [c0, c1): what one split program
     computes.
@@ -113,7 +117,7 @@ def partial_state(q, k, v, cols, *, scale, causal=False, window_size=None, alibi
     keys get the empty state m = -inf, l = 0, o = 0.
     """
     B, H, N_q, d = q.shape
-    N_k, acc = k.shape[2], _acc(q.dtype)
+    N_k, acc = k.shape[2], acc_dtype(q.dtype)
     k_j = np.repeat(k[:, :, cols[0] : cols[1]], H // k.shape[1], axis=1).astype(
         acc
     )  # (B, H, n, d) GQA
@@ -127,13 +131,8 @@ def partial_state(q, k, v, cols, *, scale, causal=False, window_size=None, alibi
 
 
 def _check_extras(q, alibi_slopes, window_size, name):
-    window_size = check_window(window_size, name=name)
-    if alibi_slopes is not None and np.shape(alibi_slopes) != (q.shape[1],):
-        raise ValueError(
-            f"{name}: alibi_slopes must have shape (H,) = ({q.shape[1]},), "
-            f"got {tuple(np.shape(alibi_slopes))}"
-        )
-    return window_size
+    check_slopes(alibi_slopes, q.shape[1], name=name)
+    return check_window(window_size, name=name)
 
 
 def forward(
@@ -165,8 +164,9 @@ def forward(
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="decoding.forward", kind="numpy")
     scale = resolve_scale(softmax_scale, d, name="decoding.forward")
+    causal = check_causal(causal, name="decoding.forward")
     window_size = _check_extras(q, alibi_slopes, window_size, "decoding.forward")
-    acc = _acc(q.dtype)
+    acc = acc_dtype(q.dtype)
     state = (
         np.full((B, H, N_q), -np.inf, acc),
         np.zeros((B, H, N_q), acc),
@@ -200,8 +200,8 @@ try:
     import triton
     import triton.language as tl
 
-    from . import triton_attention as _ta
-    from .triton_attention import _alibi, _visible
+    from .triton_common import LOG2E, alibi, visible
+    from .triton_launch import INTERPRETER, check_inputs, kernel_flags, rows_contiguous
 except ModuleNotFoundError as e:  # pragma: no cover - triton is an optional dependency
     if e.name not in ("triton", "torch"):
         raise
@@ -301,9 +301,9 @@ if triton is not None:
                 tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             )  # (BLOCK_M, BLOCK_N), log2 units
             if HAS_ALIBI:
-                s += _alibi(slope2[:, None], i, cols, N_k - N_q)
+                s += alibi(slope2[:, None], i, cols, N_k - N_q)
             s = tl.where(
-                _visible(i, cols, end, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT),
+                visible(i, cols, end, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT),
                 s,
                 -float("inf"),
             )
@@ -409,7 +409,7 @@ def triton_forward(
     return_states: also return the partial states (m, l, o), each with a leading num_splits axis.
     """
     name = "decoding.triton_forward"
-    (B, H, H_kv, N_q, N_k, d), scale, bounds, slopes, stride_sb = _ta.check_inputs(
+    (B, H, H_kv, N_q, N_k, d), scale, bounds, slopes, stride_sb = check_inputs(
         q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
     )
     group = H // H_kv
@@ -419,12 +419,12 @@ def triton_forward(
             "program holds; split-KV decoding is for a few query rows "
             "(use triton_attention.forward)"
         )
-    block_n = 16 if _ta.INTERPRETER and block_n is None else block_n or 64
+    block_n = 16 if INTERPRETER and block_n is None else block_n or 64
     if not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"{name}: block_n must be a power of two >= 16, got {block_n!r}")
     splits = split_bounds(N_k, num_splits)
-    q, k, v = (_ta.rows_contiguous(x) for x in (q, k, v))
-    flags, left, right = _ta.kernel_flags(q, scale, bounds, slopes is not None)
+    q, k, v = (rows_contiguous(x) for x in (q, k, v))
+    flags, left, right = kernel_flags(q, scale, bounds, slopes is not None)
     keys = kv_blocks(
         0, N_q, N_q, N_k, 1, causal=causal, window_size=check_window(window_size, name=name)
     )
@@ -443,7 +443,7 @@ def triton_forward(
         *k.stride()[:3],
         *v.stride()[:3],
         stride_sb,
-        scale * _ta.LOG2E,
+        scale * LOG2E,
         B,
         H,
         H_kv,

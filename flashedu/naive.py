@@ -15,12 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks
-from ._validate import check_backward, check_qkv, check_window, resolve_scale
+from ._validate import check_backward, check_causal, check_qkv, check_window, resolve_scale
+from .dtypes import acc_dtype
 from .traffic import NULL_LEDGER
-
-
-def _acc(dtype) -> np.dtype:
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
 def _expand(x: np.ndarray, H: int) -> np.ndarray:
@@ -72,7 +69,8 @@ def forward(
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="naive.forward", kind="numpy")
     scale = resolve_scale(softmax_scale, d, name="naive.forward")
     window_size = check_window(window_size, name="naive.forward")
-    acc = _acc(q.dtype)
+    causal = check_causal(causal, name="naive.forward")
+    acc = acc_dtype(q.dtype)
     k, v = _expand(k, H), _expand(v, H)
 
     s = _scores(q, k, scale, causal, window_size, acc).astype(q.dtype)
@@ -116,10 +114,11 @@ def backward(
     Returns dq (B, H, N_q, d), dk, dv (B, H_kv, N_k, d) in q's dtype.
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="naive.backward", kind="numpy")
-    check_backward(do, o, lse, q, name="naive.backward")
+    check_backward(do, o, lse, q, name="naive.backward", kind="numpy")
     scale = resolve_scale(softmax_scale, d, name="naive.backward")
     window_size = check_window(window_size, name="naive.backward")
-    acc = _acc(q.dtype)
+    causal = check_causal(causal, name="naive.backward")
+    acc = acc_dtype(q.dtype)
     ke, ve = _expand(k, H), _expand(v, H)
     if p is None:
         s = _scores(q, ke, scale, causal, window_size, acc)

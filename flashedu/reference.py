@@ -12,7 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks
-from ._validate import check_backward, check_qkv, check_window, resolve_scale
+from ._validate import (
+    check_backward,
+    check_causal,
+    check_qkv,
+    check_slopes,
+    check_window,
+    resolve_scale,
+)
 
 
 def _as_f64(x) -> np.ndarray:
@@ -39,6 +46,8 @@ def probabilities(
     H, N_q, d = q.shape[1], q.shape[2], q.shape[3]
     N_k = k.shape[2]
     scale = resolve_scale(softmax_scale, d, name="reference")
+    causal = check_causal(causal, name="reference")
+    check_slopes(alibi_slopes, H, name="reference")
     s = np.einsum("bhid,bhjd->bhij", q, _expand_kv(k, H)) * scale  # (B, H, N_q, N_k)
     if alibi_slopes is not None:
         s = s + masks.alibi_bias(alibi_slopes, N_q, N_k)[None]
@@ -120,7 +129,7 @@ def backward(
     """
     check_qkv(q, k, v, name="reference.backward")
     if o is not None and lse is not None:
-        check_backward(do, o, lse, q, name="reference.backward")
+        check_backward(do, o, lse, q, name="reference.backward", strict_lse_dtype=False)
     H, H_kv, d = q.shape[1], k.shape[1], q.shape[3]
     scale = resolve_scale(softmax_scale, d, name="reference")
     do, q64, k64, v64 = (

@@ -7,14 +7,18 @@ Each entry names a module with the common contract
 
 and says what arrays it takes ("numpy" or "torch"), which dtypes, and which features beyond plain
 and causal attention it supports: "gqa" (fewer K/V heads), "window" (sliding window), "alibi".
-Modules load lazily, so listing the Triton kernels does not import triton.
+The NumPy and PyTorch implementations are imported here (they need nothing beyond numpy and
+torch); the Triton module loads on first use, so listing it does not import triton.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from types import ModuleType
+
+from . import naive, reference, tiled, torch_tiled
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,10 @@ class Implementation:
 
     @property
     def module(self) -> ModuleType:
-        return importlib.import_module(self.module_name)
+        """The implementation's module, imported on first use. A loaded module is found in
+        `sys.modules`, a lookup `torch.compile` can trace (it cannot trace an import)."""
+        loaded = sys.modules.get(self.module_name)
+        return loaded if loaded is not None else importlib.import_module(self.module_name)
 
     def forward(self, q, k, v, **kw):
         return self.module.forward(q, k, v, **kw)
@@ -39,8 +46,10 @@ class Implementation:
 
 
 def _impl(name, module, kind, dtypes, features, chapter, summary):
+    """`module`: the module itself, or its name under flashedu for one imported on first use."""
+    module_name = module.__name__ if isinstance(module, ModuleType) else "flashedu." + module
     return Implementation(
-        name, "flashedu." + module, kind, tuple(dtypes), frozenset(features), chapter, summary
+        name, module_name, kind, tuple(dtypes), frozenset(features), chapter, summary
     )
 
 
@@ -49,7 +58,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     for impl in [
         _impl(
             "reference",
-            "reference",
+            reference,
             "numpy",
             ["float64"],
             ["gqa", "window", "alibi"],
@@ -58,7 +67,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         _impl(
             "naive",
-            "naive",
+            naive,
             "numpy",
             ["float16", "float32", "float64"],
             ["gqa", "window"],
@@ -67,7 +76,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         _impl(
             "tiled",
-            "tiled",
+            tiled,
             "numpy",
             ["float16", "float32", "float64"],
             ["gqa", "window", "alibi"],
@@ -76,7 +85,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         _impl(
             "torch_tiled",
-            "torch_tiled",
+            torch_tiled,
             "torch",
             ["float16", "bfloat16", "float32", "float64"],
             ["gqa"],

@@ -50,8 +50,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import softmax
-from ._validate import check_backward, check_qkv, check_window, resolve_scale
+from ._validate import (
+    check_backward,
+    check_causal,
+    check_do,
+    check_qkv,
+    check_slopes,
+    check_window,
+    resolve_scale,
+)
 from .decoding import PARTIAL, SKIP, block_kind, block_visible, key_offsets
+from .dtypes import acc_dtype
 
 
 def shard_bounds(N: int, world_size: int) -> list[tuple[int, int]]:
@@ -161,17 +170,13 @@ class _Ring:
             raise RuntimeError(
                 f"{name}: call inside an initialised torch.distributed process group (see ring.run)"
             )
-        self.rank, self.W, self.acc = dist.get_rank(), dist.get_world_size(), _acc(q.dtype)
+        self.rank, self.W, self.acc = dist.get_rank(), dist.get_world_size(), acc_dtype(q.dtype)
         self.scale = resolve_scale(softmax_scale, d, name=name)
-        self.window_size, self.causal = check_window(window_size, name=name), bool(causal)
+        self.window_size = check_window(window_size, name=name)
+        self.causal = check_causal(causal, name=name)
         self.alibi = None
-        if alibi_slopes is not None:
+        if check_slopes(alibi_slopes, H, name=name) is not None:
             self.alibi = torch.as_tensor(np.asarray(alibi_slopes), device=q.device).to(self.acc)
-            if tuple(self.alibi.shape) != (H,):
-                raise ValueError(
-                    f"{name}: alibi_slopes must have shape (H,) = ({H},), "
-                    f"got {tuple(self.alibi.shape)}"
-                )
         sizes = torch.tensor([n_q, n_k], dtype=torch.int64, device=q.device)
         everyone = [torch.empty_like(sizes) for _ in range(self.W)]
         dist.all_gather(everyone, sizes)  # every shard's size, in rank order
@@ -210,10 +215,6 @@ class _Ring:
         ops = [dist.P2POp(dist.isend, p, (self.rank + 1) % self.W) for p in payloads]
         ops += [dist.P2POp(dist.irecv, t, (self.rank - 1) % self.W) for t in incoming]
         return incoming, dist.batch_isend_irecv(ops)
-
-
-def _acc(dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _nbytes(tensors) -> int:
@@ -305,7 +306,7 @@ def backward(
     and lse from `forward`.
     """
     ring = _Ring(q, k, v, causal, softmax_scale, window_size, alibi_slopes, "ring.backward")
-    check_backward(do, o, lse, q, name="ring.backward")
+    check_backward(do, o, lse, q, name="ring.backward", kind="torch")
     acc = ring.acc
     q_a, do_a, lse_a = q.to(acc), do.to(acc), lse.to(acc)
     D = (do_a * o.to(acc)).sum(dim=-1)  # D = rowsum(dO * O), (B, H, n_q)
@@ -471,20 +472,16 @@ def _check_launch(world_size, backend, device, problems) -> None:
         shard_bounds(N_q, world_size), shard_bounds(N_k, world_size)
         resolve_scale(p["kwargs"].get("softmax_scale"), d, name="ring.run")
         check_window(p["kwargs"].get("window_size"), name="ring.run")
-        slopes = p["kwargs"].get("alibi_slopes")
-        if slopes is not None and np.shape(slopes) != (H,):
-            raise ValueError(
-                f"ring.run: alibi_slopes must have shape (H,) = ({H},), got {np.shape(slopes)}"
-            )
+        check_slopes(p["kwargs"].get("alibi_slopes"), H, name="ring.run")
         if p.get("do") is not None:
-            check_backward(p["do"], p["q"], p["q"][..., 0], p["q"], name="ring.run")
+            check_do(p["do"], p["q"], name="ring.run")
 
 
 def _gather(outs: list, template, key: str, axis: int = 2):
     """Concatenate one output over the ranks and give it the input's kind and dtype."""
     full = np.concatenate([out[key] for out in outs], axis=axis)
     if hasattr(template, "detach"):
-        dtype = template.dtype if key != "lse" else _acc(template.dtype)
+        dtype = template.dtype if key != "lse" else acc_dtype(template.dtype)
         return torch.from_numpy(full).to(dtype)
     dtype = (
         template.dtype

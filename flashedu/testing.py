@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import dtype_name
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -42,18 +44,6 @@ GRAD_TOLERANCES: dict[str, Tolerance] = {
     "float16": Tolerance(1e-2, 1e-2),
     "bfloat16": Tolerance(5e-2, 5e-2),
 }
-
-
-def dtype_name(dtype) -> str:
-    """'float32' for np.float32, np.dtype('float32'), torch.float32 or the string itself."""
-    s = str(dtype)
-    return (
-        s.split(".")[-1]
-        if s.startswith("torch.")
-        else np.dtype(dtype).name
-        if s != "bfloat16"
-        else s
-    )
 
 
 def tolerance(dtype, *, grad: bool = False) -> Tolerance:

@@ -15,8 +15,8 @@ dV_j accumulate in SRAM and are written once; inner loop over query blocks, with
 HBM in float32 by read-modify-write (an atomic add on a GPU, where the K/V blocks run in parallel).
 The ledger records every transfer; `traffic.flash_backward` gives the same counts in closed form.
 
-Re-exported as `tiled.backward`; shares validation, block sizes and tile scores with
-`flashedu.tiled`.
+Re-exported as `tiled.backward`; shares validation, block sizes and tile scores with the forward
+through `flashedu.tiling`.
 Limits: as for `tiled.forward` (NumPy on a CPU; caches not modelled).
 
 Introduced in notebooks/04_recompute_backward.ipynb.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import check_backward
-from .tiled import Problem, scores, setup
+from .tiling import Problem, scores, setup
 from .traffic import NULL_LEDGER, _row_blocks
 
 
@@ -120,7 +120,7 @@ def backward(
         block_m=block_m,
         block_n=block_n,
     )
-    check_backward(do, o, lse, q, name="tiled.backward")
+    check_backward(do, o, lse, q, name="tiled.backward", kind="numpy")
     _fit(p, ledger)
     qs = p.grouped(q.astype(p.acc) * p.acc.type(p.scale))  # (B, H_kv, g, N_q, d)
     k = k.astype(p.acc, copy=False)[:, :, None]  # (B, H_kv, 1, N_k, d)

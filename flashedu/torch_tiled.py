@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_backward, check_block, check_qkv, resolve_scale
+from ._validate import check_backward, check_block, check_causal, check_qkv, resolve_scale
+from .dtypes import acc_dtype
 
 BLOCK_M = 64
 BLOCK_N = 64
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _group(q, k, v, H_kv, acc):
@@ -133,9 +130,10 @@ def forward(
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="torch_tiled.forward", kind="torch")
     scale = resolve_scale(softmax_scale, d, name="torch_tiled.forward")
+    causal = check_causal(causal, name="torch_tiled.forward")
     block_m = check_block(block_m, "block_m", name="torch_tiled.forward")
     block_n = check_block(block_n, "block_n", name="torch_tiled.forward")
-    acc = _acc_dtype(q.dtype)
+    acc = acc_dtype(q.dtype)
     qg, kg, vg = _group(q, k, v, H_kv, acc)
     o = torch.zeros_like(qg)  # HBM: write B H N_q d
     lse = torch.full(qg.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # HBM: write B H N_q
@@ -202,11 +200,12 @@ def backward(
         nothing.
     """
     B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="torch_tiled.backward", kind="torch")
-    check_backward(do, o, lse, q, name="torch_tiled.backward")
+    check_backward(do, o, lse, q, name="torch_tiled.backward", kind="torch")
     scale = resolve_scale(softmax_scale, d, name="torch_tiled.backward")
+    causal = check_causal(causal, name="torch_tiled.backward")
     block_m = check_block(block_m, "block_m", name="torch_tiled.backward")
     block_n = check_block(block_n, "block_n", name="torch_tiled.backward")
-    acc = _acc_dtype(q.dtype)
+    acc = acc_dtype(q.dtype)
     qg, kg, vg = _group(q, k, v, H_kv, acc)
     dog, og = (x.to(acc).reshape(qg.shape) for x in (do, o))
     lse = lse.to(acc).reshape(qg.shape[:-1])

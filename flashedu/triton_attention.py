@@ -39,6 +39,8 @@ import triton  # noqa: E402  (after _env, which may set TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
 from .autograd import flash_attention
+from .triton_backward import backward  # noqa: F401  (defined beside its kernels; re-exported)
+from .triton_common import LOG2E, alibi, block_range, visible
 from .triton_launch import (  # noqa: F401
     DTYPES,
     HEAD_DIMS,
@@ -53,62 +55,6 @@ from .triton_launch import (  # noqa: F401
     out_dtype,
     rows_contiguous,
 )
-
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-LN2 = 0.6931471805599453  # lse = lse_2 * ln(2)
-
-
-@triton.jit
-def _block_range(
-    first,
-    last,
-    N_other,
-    offset,
-    LEFT,
-    RIGHT,
-    HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Rows first..last see columns [row + offset - LEFT, row + offset + RIGHT] of 0..N_other-1.
-    Returns block-aligned (lo, full_lo, full_hi, hi): columns in [full_lo, full_hi) are visible to
-    every row (no mask needed); [lo, full_lo) and [full_hi, hi) need the mask; the rest is never
-    touched."""
-    lo = 0
-    hi = N_other
-    full_lo = 0
-    full_hi = N_other
-    if HAS_LEFT:
-        lo = tl.maximum(first + offset - LEFT, 0)
-        full_lo = tl.maximum(last + offset - LEFT, 0)
-    if HAS_RIGHT:
-        hi = tl.minimum(tl.maximum(last + offset + RIGHT + 1, 0), N_other)
-        full_hi = tl.minimum(tl.maximum(first + offset + RIGHT + 1, 0), N_other)
-    lo = (lo // BLOCK) * BLOCK
-    hi = tl.maximum(tl.cdiv(hi, BLOCK) * BLOCK, lo)
-    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK) * BLOCK, lo), hi)
-    full_hi = tl.minimum(tl.maximum((full_hi // BLOCK) * BLOCK, full_lo), hi)
-    return lo, full_lo, full_hi, hi
-
-
-@triton.jit
-def _visible(rows, cols, N_k, offset, LEFT, RIGHT, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """(len(rows), len(cols)) bool: key col exists and lies in the (window of) query row,
-    bottom-right aligned."""
-    diag = rows[:, None] + offset  # key position level with each query
-    keep = cols[None, :] < N_k
-    if HAS_LEFT:
-        keep = keep & (cols[None, :] >= diag - LEFT)
-    if HAS_RIGHT:
-        keep = keep & (cols[None, :] <= diag + RIGHT)
-    return keep
-
-
-@triton.jit
-def _alibi(slope2, rows, cols, offset):
-    """ALiBi bias in log2 units: -slope * log2(e) * |i + offset - j|, shape
-    (len(rows), len(cols))."""
-    return -slope2 * tl.abs(rows[:, None] + offset - cols[None, :]).to(tl.float32)
 
 
 @triton.jit
@@ -157,10 +103,10 @@ def _fwd_inner(
         if HAS_ALIBI or MASK:
             s = qk * qk_scale
             if HAS_ALIBI:
-                s += _alibi(slope2, rows, cols, offset)
+                s += alibi(slope2, rows, cols, offset)
             if MASK:
                 s = tl.where(
-                    _visible(rows, cols, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT),
+                    visible(rows, cols, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT),
                     s,
                     -float("inf"),
                 )
@@ -256,7 +202,7 @@ def _attn_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     last = tl.minimum(pid_m * BLOCK_M + BLOCK_M, N_q) - 1
-    lo, full_lo, full_hi, hi = _block_range(
+    lo, full_lo, full_hi, hi = block_range(
         pid_m * BLOCK_M, last, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N
     )
     # Three stretches of keys: left mask edge (window), fully visible middle, right mask edge
@@ -446,16 +392,6 @@ def forward(
     grid = lambda meta: (triton.cdiv(N_q, meta["BLOCK_M"]), B * H)  # noqa: E731
     launch(_attn_fwd_tuned, _attn_fwd, grid, args, dict(flags, SCALE_POS=scale >= 0), config)
     return o.to(q.dtype), lse
-
-
-def __getattr__(name: str):
-    if (
-        name == "backward"
-    ):  # defined beside its kernels; imported on first use to keep the import order one-way
-        from .triton_backward import backward
-
-        return backward
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def attention(

@@ -23,7 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._validate import check_backward
-from .triton_attention import LOG2E, _alibi, _block_range, _visible
+from .triton_common import LOG2E, alibi, block_range, visible
 from .triton_launch import (
     MASK_KEY,
     autotuned,
@@ -79,8 +79,8 @@ def _attn_bwd_preprocess(
 def _visible_t(
     rows, cols, N_q, offset, LEFT, RIGHT, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr
 ):
-    """`_visible` transposed, (len(cols), len(rows)): query row exists and key col lies in its
-    window."""
+    """`triton_common.visible` transposed, (len(cols), len(rows)): query row exists and key col
+    lies in its window."""
     diag = rows[None, :] + offset
     keep = rows[None, :] < N_q
     if HAS_LEFT:
@@ -140,7 +140,7 @@ def _dkdv_inner(
             tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
         )  # (BLOCK_N, BLOCK_M) = S^T in log2 units
         if HAS_ALIBI:
-            s_t += _alibi(slope2, cols, rows, -offset)  # the bias, transposed
+            s_t += alibi(slope2, cols, rows, -offset)  # the bias, transposed
         p_t = tl.math.exp2(s_t - lse2[None, :])  # P^T recomputed from lse
         if MASK:
             p_t = tl.where(
@@ -249,7 +249,7 @@ def _attn_bwd_dkdv(
     last = tl.minimum(pid_n * BLOCK_N + BLOCK_N, N_k) - 1
     # Queries seeing key j: j - offset - RIGHT <= i <= j - offset + LEFT (the forward's range,
     # mirrored).
-    lo, full_lo, full_hi, hi = _block_range(
+    lo, full_lo, full_hi, hi = block_range(
         pid_n * BLOCK_N, last, N_q, -offset, RIGHT, LEFT, HAS_RIGHT, HAS_LEFT, BLOCK_M
     )
     for g in range(GROUP):  # GQA: the query heads sharing this K/V head add into one dK, dV
@@ -409,12 +409,10 @@ def _dq_inner(
             tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         )  # (BLOCK_M, BLOCK_N), log2 units
         if HAS_ALIBI:
-            s += _alibi(slope2, rows, cols, offset)
+            s += alibi(slope2, rows, cols, offset)
         p = tl.math.exp2(s - lse2[:, None])  # P recomputed from lse
         if MASK:
-            p = tl.where(
-                _visible(rows, cols, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), p, 0.0
-            )
+            p = tl.where(visible(rows, cols, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(
@@ -509,7 +507,7 @@ def _attn_bwd_dq(
     V += b.to(tl.int64) * stride_vb + (h // GROUP).to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     last = tl.minimum(pid_m * BLOCK_M + BLOCK_M, N_q) - 1
-    lo, full_lo, full_hi, hi = _block_range(
+    lo, full_lo, full_hi, hi = block_range(
         pid_m * BLOCK_M, last, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N
     )
     if HAS_LEFT:
@@ -661,14 +659,7 @@ def backward(
     dims, scale, bounds, slopes, stride_sb = check_inputs(
         q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
     )
-    check_backward(do, o, lse, q, name=name)
-    if lse.dtype != torch.float32:
-        raise TypeError(f"{name}: lse must be float32 (as forward returns it), got {lse.dtype}")
-    if not (do.device == o.device == lse.device == q.device):
-        raise ValueError(
-            f"{name}: do, o and lse must be on q's device {q.device}, got {do.device}, {o.device}, "
-            f"{lse.device}"
-        )
+    check_backward(do, o, lse, q, name=name, kind="torch")
     config = launch_config(block_m, block_n, num_warps, num_stages)
     return _launch(do, q, k, v, o, lse, dims, scale, bounds, slopes, stride_sb, config, config)
 

@@ -9,9 +9,9 @@ P = exp(S - lse): how the backward kernels rebuild P from the saved log-sum-exp 
 kernels compute it). Both materialise (N_q, N_k) arrays, which is what FlashAttention avoids: they
 exist to be read, run and checked, not to be fast.
 
-`kv_range` is the plain-Python twin of the forward kernel's `_block_range`: which key blocks a block
-of query rows skips, which it must mask and which it sees whole (tests/test_triton.py holds the two
-equal).
+`kv_range` is the plain-Python twin of the kernels' `triton_common.block_range`: which key blocks a
+block of query rows skips, which it must mask and which it sees whole (tests/test_triton.py holds
+the two equal).
 
 Introduced in notebooks/06_triton_forward.ipynb (scores, kv_range) and
 notebooks/07_triton_backward.ipynb (probabilities). Limits: one head, 2D inputs (N, d); fp16, bf16
@@ -25,7 +25,7 @@ import triton  # noqa: E402  (after flashedu, which sets the interpreter flag wh
 import triton.language as tl  # noqa: E402
 
 from .traffic import band
-from .triton_attention import LOG2E, _visible
+from .triton_common import LOG2E, visible
 from .triton_launch import check_inputs, kernel_flags
 
 
@@ -65,7 +65,7 @@ def _tile_kernel(
     s = (
         tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     )  # (BLOCK_M, BLOCK_N), log2 units
-    keep = _visible(rows, cols, N_k, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
+    keep = visible(rows, cols, N_k, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
     if FROM_LSE:  # P = exp(S - lse) = exp2(S log2(e) - lse log2(e)); masked (and empty rows) -> 0
         lse2 = tl.load(LSE + rows, mask=rows < N_q, other=0.0) * 1.4426950408889634
         out = tl.where(keep, tl.math.exp2(s - lse2[:, None]), 0.0)
@@ -178,7 +178,7 @@ def kv_range(
     over for query rows first..last (inclusive). Keys [full_lo, full_hi) are visible to every one of
     those rows and need no mask; [lo, full_lo) and [full_hi, hi) need the mask (a window's left
     edge, the causal diagonal, the ragged last block); keys outside [lo, hi) are never loaded. The
-    kernel computes the same in `triton_attention._block_range`."""
+    kernel computes the same in `triton_common.block_range`."""
     off, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
     lo, full_lo, full_hi, hi = 0, 0, N_k, N_k
     if left >= 0:  # row i sees keys >= i + off - left

@@ -17,7 +17,7 @@ import triton  # noqa: E402  (after _env, which may set TRITON_INTERPRET)
 import triton.testing  # noqa: E402
 
 from . import _env
-from ._validate import check_qkv, check_window, resolve_scale
+from ._validate import check_causal, check_qkv, check_slopes, check_window, resolve_scale
 
 INTERPRETER = _env.INTERPRETER
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -138,6 +138,7 @@ def check_inputs(q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
         )
     scale = resolve_scale(softmax_scale, d, name=name)
     left, right = check_window(window_size, name=name) or (-1, -1)
+    causal = check_causal(causal, name=name)
     if causal:
         right = 0 if right < 0 else min(right, 0)
     bounds = (left >= 0, max(left, 0), right >= 0, max(right, 0))
@@ -148,14 +149,8 @@ def check_inputs(q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
 def _check_slopes(alibi_slopes, B, H, device, name):
     if alibi_slopes is None:
         return None, 0
+    check_slopes(alibi_slopes, H, B=B, name=name)
     slopes = torch.as_tensor(alibi_slopes, dtype=torch.float32)
-    if tuple(slopes.shape) not in ((H,), (B, H)):
-        raise ValueError(
-            f"{name}: alibi_slopes must have shape (H,) = ({H},) or (B, H) = ({B}, {H}), "
-            f"got {tuple(slopes.shape)}"
-        )
-    if not torch.isfinite(slopes).all():
-        raise ValueError(f"{name}: alibi_slopes must be finite, got {slopes.tolist()}")
     if slopes.device != device and slopes.device.type != "cpu":
         raise ValueError(
             f"{name}: alibi_slopes must be on q's device {device}, got {slopes.device}"

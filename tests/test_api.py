@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import flashedu
@@ -188,3 +190,79 @@ def test_sdpa_errors_where_pytorch_errors(rng):
         flashedu.scaled_dot_product_attention(q, k, v, causal_lower_right(5, 7), enable_gqa=True)
     with pytest.raises(TypeError, match="query must be a torch.Tensor"):
         flashedu.scaled_dot_product_attention(q.detach().numpy(), k, v)
+
+
+# ---- the edges: empty dims, and the argument types PyTorch rejects ----------------------------
+EMPTY = [
+    ((0, 2, 3, 4), (0, 2, 5, 4), {}),  # empty batch
+    ((1, 0, 3, 4), (1, 0, 5, 4), {}),  # no heads
+    ((1, 2, 0, 4), (1, 2, 5, 4), {}),  # L = 0
+    ((1, 2, 3, 4), (1, 2, 0, 4), {}),  # S = 0: zeros
+    ((1, 2, 3, 4), (1, 2, 0, 4), {"is_causal": True}),
+    ((1, 2, 0, 4), (1, 2, 0, 4), {"is_causal": True}),
+    ((1, 4, 3, 4), (1, 2, 0, 4), {"enable_gqa": True}),
+    ((0, 4, 3, 4), (0, 2, 5, 4), {"enable_gqa": True, "is_causal": True}),
+    ((2, 0, 3, 7, 4), (2, 0, 3, 5, 4), {}),
+    ((3, 4), (0, 4), {"scale": 0.5}),
+]
+
+
+@pytest.mark.parametrize("q_shape,k_shape,kwargs", EMPTY, ids=str)
+def test_sdpa_empty_dims_match_pytorch(q_shape, k_shape, kwargs, rng):
+    """PyTorch returns an empty tensor (no rows) or zeros (no keys), with zero or empty
+    gradients."""
+    _assert_same(_both(rng, [q_shape, k_shape, k_shape], **kwargs))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"is_causal": "False"},
+        {"is_causal": 1},
+        {"is_causal": None},
+        {"scale": "0.5"},
+        {"dropout_p": "0"},
+    ],
+    ids=str,
+)
+def test_sdpa_rejects_the_types_pytorch_rejects(kwargs, rng):
+    q, k, v = _leaves(rng, (1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8))
+    with pytest.raises(TypeError):
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    arg = next(iter(kwargs))
+    with pytest.raises(TypeError, match=f"scaled_dot_product_attention: {arg} must be"):
+        flashedu.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("scale", [True, 1j, [0.5]], ids=repr)
+def test_sdpa_scale_must_be_a_real_number(scale, rng):
+    q, k, v = _leaves(rng, (1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8))
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        flashedu.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def test_attention_impl_must_be_a_string(make_qkv):
+    q, k, v = make_qkv(1, 2, 5, 5, 8, "float32", kind="torch")
+    with pytest.raises(TypeError, match=r"impl must be a str .* got list \['torch_tiled'\]"):
+        flashedu.attention(q, k, v, impl=["torch_tiled"])
+
+
+@st.composite
+def _signatures(draw):
+    """Random SDPA calls: batch dims, heads (grouped or not), lengths and head dims, 0 included."""
+    B = draw(st.integers(0, 2))
+    H_kv = draw(st.integers(0, 2))
+    gqa = draw(st.booleans()) and H_kv > 0
+    H = H_kv * draw(st.integers(1, 3)) if gqa else H_kv
+    L, S, E = draw(st.integers(0, 9)), draw(st.integers(0, 9)), draw(st.integers(1, 8))
+    kwargs = {"is_causal": draw(st.booleans()), "enable_gqa": gqa}
+    if draw(st.booleans()):
+        kwargs["scale"] = draw(st.floats(-2.0, 2.0, allow_nan=False))
+    return [(B, H, L, E), (B, H_kv, S, E), (B, H_kv, S, E)], kwargs
+
+
+@settings(max_examples=60, deadline=None)
+@given(signature=_signatures(), seed=st.integers(0, 2**32 - 1))
+def test_sdpa_agrees_with_pytorch_on_random_signatures(signature, seed):
+    shapes, kwargs = signature
+    _assert_same(_both(np.random.default_rng(seed), shapes, **kwargs))

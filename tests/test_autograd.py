@@ -134,3 +134,79 @@ def test_a_missing_module_is_an_import_error_only_when_asked_for(make_qkv, monke
     assert autograd.flash_attention(q, k, v).shape == q.shape
     with pytest.raises(ImportError, match="impl='ghost' is not available"):
         autograd.flash_attention(q, k, v, impl="ghost")
+
+
+# ---- torch.func transforms, torch.compile and double backward -----------------------------------
+def _plain(q, k, v, causal):
+    """Attention by the plain formulas in torch ops (bottom-right causal), to differentiate
+    against."""
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        N_q, N_k = q.shape[-2], k.shape[-2]
+        keep = torch.ones(N_q, N_k, dtype=torch.bool).tril(N_k - N_q)
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("impl", ["torch_tiled", "naive", "tiled"])
+def test_vmap_folds_the_mapped_dim_into_the_batch(impl, make_qkv):
+    q, k, v = make_qkv(3, 2, 5, 7, 4, "float64", kind="torch")  # dim 0 is the mapped one
+
+    def f(q, k, v):
+        return autograd.flash_attention(q, k, v, causal=True, impl=impl)
+
+    o = torch.func.vmap(f, in_dims=(0, None, None))(q[:, None], k[0:1], v[0:1])
+    assert o.shape == (3, 1, 2, 5, 4)
+    assert_close(o[:, 0], _plain(q, k[0:1], v[0:1], True), "float64")
+
+
+@pytest.mark.parametrize("impl", ["torch_tiled", "naive"])
+def test_jacrev_and_per_sample_grad_match_plain_attention(impl, make_qkv):
+    q, k, v = make_qkv(1, 2, 4, 6, 3, "float64", H_kv=1, kind="torch")
+
+    def f(q):
+        return autograd.flash_attention(q, k, v, causal=True, impl=impl).sum(-1)
+
+    assert_close(
+        torch.func.jacrev(f)(q),
+        torch.func.jacrev(lambda q: _plain(q, k, v, True).sum(-1))(q),
+        "float64",
+        grad=True,
+    )
+    qs = torch.randn(3, *q.shape, dtype=torch.float64)
+    grads = torch.func.vmap(torch.func.grad(lambda q: f(q).pow(2).sum()))(qs)
+    for i in range(3):
+        want = torch.func.grad(lambda q: _plain(q, k, v, True).sum(-1).pow(2).sum())(qs[i])
+        assert_close(grads[i], want, "float64", grad=True)
+
+
+def test_double_backward_raises_not_implemented(make_qkv):
+    q, k, v = _leaf(*make_qkv(1, 2, 5, 5, 4, "float64", kind="torch"))
+    o = autograd.flash_attention(q, k, v)
+    (dq,) = torch.autograd.grad(o.sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        dq.sum().backward()
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.func.jacrev(torch.func.jacrev(lambda q: autograd.flash_attention(q, k, v).sum()))(
+            q.detach()
+        )
+    with pytest.raises(NotImplementedError, match="forward mode AD"):
+        torch.func.hessian(lambda q: autograd.flash_attention(q, k, v).sum())(q.detach())
+
+
+def test_torch_compile_fullgraph_traces_forward_and_backward(make_qkv):
+    """fullgraph=True fails on any graph break (an import, a data-dependent branch) in the call
+    path. The "aot_eager" backend traces forward and backward exactly as inductor would, without
+    spending a minute generating C++ on a CPU."""
+    q, k, v = _leaf(*make_qkv(1, 2, 9, 7, 4, "float32", kind="torch"))
+
+    def f(q, k, v):
+        return autograd.flash_attention(q, k, v, causal=True, block_m=4, block_n=4)
+
+    torch._dynamo.reset()
+    o = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert_close(o, reference.forward(q, k, v, causal=True)[0], "float32")
+    do = torch.randn_like(o)
+    o.backward(do)
+    for t, g in zip((q, k, v), reference.backward(do, q, k, v, causal=True)):
+        assert_close(t.grad, g, "float32", grad=True)

@@ -356,7 +356,7 @@ def test_gpu_refuses_cpu_tensors():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from flashedu import decoding  # noqa: E402
+from flashedu import decoding, triton_common  # noqa: E402
 from flashedu import triton_backward as tb  # noqa: E402
 from flashedu import triton_intro as ti  # noqa: E402
 
@@ -375,7 +375,7 @@ def _ranges_kernel(
 ):
     first = tl.program_id(0) * BLOCK_M
     last = tl.minimum(first + BLOCK_M, N_q) - 1
-    lo, full_lo, full_hi, hi = ta._block_range(
+    lo, full_lo, full_hi, hi = triton_common.block_range(
         first, last, N_k, N_k - N_q, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N
     )
     tl.store(
