@@ -17,10 +17,10 @@ Two versions, one contract (`forward(q, k, v, *, causal, softmax_scale, ...) -> 
 * `triton_forward`: torch tensors, a Triton split kernel (one program per split, batch and K/V head)
   and a Triton combine kernel (one program per query row).
 
-This module also holds the block-visibility rule that chapter 09's pictures, split skipping and ring
-attention share: `block_kind` says whether a (query rows x key columns) block is fully masked
-("skip"), partly masked ("partial") or fully visible ("full"), from two corners, without building
-the mask.
+The block-visibility rule that chapter 09's pictures, split skipping and ring attention share
+lives in `flashedu.masks` (importable from here too): `block_kind` says whether a (query rows x key
+columns) block is fully masked ("skip"), partly masked ("partial") or fully visible ("full"), from
+two corners, without building the mask.
 
 Limits: forward only (decoding needs no gradient). The NumPy version builds each split's scores, a
 (N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding.
@@ -47,57 +47,16 @@ from ._validate import (
     resolve_scale,
 )
 from .dtypes import acc_dtype
-from .traffic import band, kv_blocks
-
-SKIP, PARTIAL, FULL = "skip", "partial", "full"
-
-
-def key_offsets(rows: tuple[int, int], cols: tuple[int, int], N_q: int, N_k: int) -> np.ndarray:
-    """(r1 - r0, c1 - c0) int array of j - (i + N_k - N_q): each key's distance from the query's
-    diagonal."""
-    i = np.arange(rows[0], rows[1])[:, None] + (N_k - N_q)
-    return np.arange(cols[0], cols[1])[None, :] - i
-
-
-def block_visible(
-    rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_size=None
-) -> np.ndarray:
-    """The bool mask of one block, `masks.visible(N_q, N_k, ...)[r0:r1, c0:c1]`, built for the block
-    alone."""
-    _, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
-    off = key_offsets(rows, cols, N_q, N_k)
-    return ((off >= -left) | (left < 0)) & ((off <= right) | (right < 0))
-
-
-def block_kind(rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_size=None) -> str:
-    """ "skip", "partial" or "full" for query rows [r0, r1) against keys [c0, c1), from two corners.
-
-    Query i sees key j iff -left <= j - (i + N_k - N_q) <= right (`traffic.band`; -1 leaves a side
-    open). That offset grows along a row and shrinks down a column, so the block's smallest offset
-    sits at its bottom-left corner and its largest at its top-right: the block is hidden when the
-    largest is below the band or the smallest above it, and fully visible when both lie inside.
-    """
-    (r0, r1), (c0, c1) = rows, cols
-    off, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
-    smallest, largest = c0 - (r1 - 1 + off), (c1 - 1) - (r0 + off)
-    if (left >= 0 and largest < -left) or (right >= 0 and smallest > right):
-        return SKIP
-    return FULL if (left < 0 or smallest >= -left) and (right < 0 or largest <= right) else PARTIAL
-
-
-def block_map(
-    N_q: int, N_k: int, block_m: int, block_n: int, *, causal=False, window_size=None
-) -> np.ndarray:
-    """(ceil(N_q / block_m), ceil(N_k / block_n)) array of "skip" / "partial" / "full" for every
-    tile."""
-    rows = [(r, min(r + block_m, N_q)) for r in range(0, N_q, block_m)]
-    cols = [(c, min(c + block_n, N_k)) for c in range(0, N_k, block_n)]
-    return np.array(
-        [
-            [block_kind(r, c, N_q, N_k, causal=causal, window_size=window_size) for c in cols]
-            for r in rows
-        ]
-    )
+from .masks import (  # noqa: F401  (the block rules, re-exported where chapter 09 met them)
+    FULL,
+    PARTIAL,
+    SKIP,
+    block_kind,
+    block_map,
+    block_visible,
+    key_offsets,
+    kv_blocks,
+)
 
 
 def split_bounds(N_k: int, num_splits: int) -> list[tuple[int, int]]:

@@ -59,8 +59,8 @@ from ._validate import (
     check_window,
     resolve_scale,
 )
-from .decoding import PARTIAL, SKIP, block_kind, block_visible, key_offsets
 from .dtypes import acc_dtype
+from .masks import PARTIAL, SKIP, block_kind, block_visible, key_offsets
 
 
 def shard_bounds(N: int, world_size: int) -> list[tuple[int, int]]:

@@ -1,30 +1,65 @@
-"""How many bytes move between HBM and SRAM: GPU presets, a ledger, closed forms and a roofline.
+"""How many bytes move between HBM and SRAM: GPU presets, closed forms, a roofline, and the
+measured bytes of Triton kernels.
 
-Three pieces, all pure Python:
-
-* `GPUS`: data about real GPUs (HBM size and bandwidth, SRAM per SM, SM count, dense fp16/bf16
-  rate), each with its source. Data, not code.
-* `Ledger`: the instrumented algorithms (`naive`, `tiled`) report every HBM<->SRAM transfer to one,
-  by tensor (Q, K, V, S, P, O, lse, dO, ...), direction ("read" = HBM -> SRAM,
-  "write" = SRAM -> HBM) and bytes. A ledger can also hold an SRAM capacity, and refuses a tile set
-  that does not fit.
-* Closed forms (`naive_forward`, `naive_backward`, and the tiled ones) that the tests hold equal,
-  byte for byte, to what the instrumented code reports; and `roofline`,
-  time = max(bytes / bandwidth, flops / rate).
+* `GPUS`: data about real GPUs (HBM size and bandwidth, SRAM per SM and per thread block, SM count,
+  dense fp16/bf16 rate, special-function rate), each with its source. Data, not code.
+* `Ledger` (from `flashedu.ledger`): the instrumented algorithms (`naive`, `tiled`) report every
+  HBM<->SRAM transfer to one, by tensor (Q, K, V, S, P, O, lse, dO, ...), direction ("read" =
+  HBM -> SRAM, "write" = SRAM -> HBM) and bytes.
+* `measure()` (from `flashedu.kernel_traffic`): fills a Ledger from the loads and stores of Triton
+  kernels run under the interpreter, the package's or the learner's; `compare` says in words where
+  a measured run and a closed form differ.
+* Closed forms (`naive_forward`, `naive_backward`, `flash_forward`, `flash_backward`) that the tests
+  hold equal, byte for byte, to what the instrumented code reports and what the Triton kernels are
+  measured to move. They cost O(1) or O(number of query blocks), so they answer at N = 10^7.
+* `roofline`: time = max(bytes / bandwidth, flops / matmul rate, exponentials / special-function
+  rate); `attention_flops` and `exp_count` count the visible area of the mask.
+* Tile sizes (from `flashedu.tiles`): the paper's rule and the powers of two that fit.
 
 The paper's analysis: standard attention needs Theta(N d + N^2) HBM accesses, FlashAttention
 Theta(N^2 d^2 / M) for SRAM size M (Dao et al. 2022, Theorem 2).
 
 Introduced in notebooks/00_memory_hierarchy.ipynb; the tiled counts in
-notebooks/03_tiled_forward.ipynb.
+notebooks/03_tiled_forward.ipynb; the measured bytes in notebooks/06_triton_forward.ipynb.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ._validate import check_window
+from .kernel_traffic import (  # noqa: F401  (re-exported)
+    Difference,
+    MeasureError,
+    Measurement,
+    compare,
+    measure,
+)
+from .ledger import (  # noqa: F401  (re-exported: the ledger is part of this module's story)
+    NULL_LEDGER,
+    Ledger,
+    NullLedger,
+    SramCapacityError,
+    Traffic,
+    Transfer,
+    combine,
+    tensor_order,
+)
+from .masks import band, kv_block_spans, kv_blocks, row_blocks, visible_count  # noqa: F401
+from .masks import keys_in_blocks as _keys_in_blocks
+from .tiles import (  # noqa: F401  (re-exported)
+    TileChoice,
+    block_sizes,
+    fitting_blocks,
+    sram_tiles,
+    tile_bytes,
+    tile_choice,
+)
+
+_order = tensor_order  # the sort key under its former name
+_row_blocks = row_blocks  # the row-block grid under its former name
 
 # -------------------------------------------------------------------------------------- GPU presets
 
@@ -39,23 +74,34 @@ class GPU:
     sms: int
     dense_flops: float  # dense fp16/bf16 tensor-core FLOP/s, no sparsity
     source: str
+    sfu_flops: float | None = None  # special-function (exp2, ...) results / s; None: not cited
 
     @property
     def ridge(self) -> float:
         """Arithmetic intensity (FLOP/byte) above which a kernel is compute-bound on this GPU."""
         return self.dense_flops / self.hbm_bandwidth
 
+    @property
+    def sfu_tflops(self) -> float | None:
+        return None if self.sfu_flops is None else self.sfu_flops / 1e12
+
 
 _A100_SRC = (
     "NVIDIA A100 Tensor Core GPU datasheet (2021) and NVIDIA A100 Tensor Core GPU Architecture "
-    "whitepaper (2020): 108 SMs, 192 KB L1/shared per SM (up to 164 KB shared per block), "
-    "312 TFLOP/s dense FP16/BF16"
+    "whitepaper (2020): 108 SMs, 192 KB L1/shared per SM, of which up to 164 KB shared memory per "
+    "SM and 163 KB per thread block, 312 TFLOP/s dense FP16/BF16"
 )
 _H100_SRC = (
     "NVIDIA H100 Tensor Core GPU datasheet (2023) and NVIDIA H100 Tensor Core GPU Architecture "
     "whitepaper (2022): H100 SXM5, 132 SMs, 256 KB L1/shared per SM (up to 227 KB shared per "
     "block), 989 TFLOP/s dense FP16/BF16"
 )
+_SFU_SRC = (
+    "; special functions: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 3.2) gives "
+    "the H100 SXM5 3.9 TFLOP/s of exponentials (multi-function units) against 989 TFLOP/s of FP16 "
+    "matmul"
+)
+SFU_H100 = 3.9e12  # exponentials / s, FA3 Sec. 3.2
 
 GPUS: dict[str, GPU] = {
     "A100-40GB": GPU(
@@ -63,7 +109,7 @@ GPUS: dict[str, GPU] = {
         40e9,
         1555e9,
         192 * 1024,
-        164 * 1024,
+        163 * 1024,
         108,
         312e12,
         _A100_SRC + "; HBM2 40 GB at 1,555 GB/s",
@@ -73,7 +119,7 @@ GPUS: dict[str, GPU] = {
         80e9,
         2039e9,
         192 * 1024,
-        164 * 1024,
+        163 * 1024,
         108,
         312e12,
         _A100_SRC + "; HBM2e 80 GB at 2,039 GB/s",
@@ -86,7 +132,8 @@ GPUS: dict[str, GPU] = {
         227 * 1024,
         132,
         989.4e12,
-        _H100_SRC + "; HBM3 80 GB at 3.35 TB/s",
+        _H100_SRC + "; HBM3 80 GB at 3.35 TB/s" + _SFU_SRC,
+        SFU_H100,
     ),
     "H200": GPU(
         "NVIDIA H200 SXM 141GB",
@@ -97,145 +144,114 @@ GPUS: dict[str, GPU] = {
         132,
         989.4e12,
         "NVIDIA H200 Tensor Core GPU datasheet (2024): HBM3e 141 GB at 4.8 TB/s; the same Hopper "
-        "GH100 compute as H100 SXM (" + _H100_SRC + ")",
+        "GH100 compute (SMs, clocks, special-function units) as H100 SXM ("
+        + _H100_SRC
+        + _SFU_SRC
+        + ")",
+        SFU_H100,
     ),
 }
 
-# --------------------------------------------------------------------------------------- the ledger
+
+def gpu_preset(gpu: GPU | str) -> GPU:
+    """A preset by name (a GPU passes through); a ValueError lists the names."""
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu not in GPUS:
+        raise ValueError(f"gpu must be one of {list(GPUS)} or a traffic.GPU, got {gpu!r}")
+    return GPUS[gpu]
 
 
-class SramCapacityError(ValueError):
-    """A tile set does not fit the SRAM budget given to the algorithm."""
+# ------------------------------------------------------------------------------------- validation
 
 
-@dataclass(frozen=True)
-class Transfer:
-    tensor: str  # "Q", "K", "V", "S", "P", "O", "lse", "dO", "D", "dQ", "dK", "dV", "dP", "dS"
-    direction: str  # "read": HBM -> SRAM; "write": SRAM -> HBM
-    nbytes: int
-    step: int  # index into Ledger.steps of the step that was current (-1 before the first)
+def _sizes(name: str, **sizes) -> None:
+    """Every size a positive int, else a ValueError naming the argument, its value and the need."""
+    for arg, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name}: {arg} must be a positive int, got {v!r}")
 
 
-@dataclass
-class Ledger:
-    """Records every HBM <-> SRAM transfer of an instrumented algorithm.
-
-    sram_bytes: optional capacity; `fit()` raises SramCapacityError when a tile set exceeds it.
-    steps: one dict per algorithm step (`step(...)`), e.g.
-    {"i": 0, "j": 2, "skipped": False, "m": ..., "l": ...}, which the tile stepper widget replays.
-    """
-
-    sram_bytes: int | None = None
-    transfers: list[Transfer] = field(default_factory=list)
-    steps: list[dict] = field(default_factory=list)
-    peak_sram: int = 0
-
-    def read(self, tensor: str, x) -> None:
-        """Count loading `x` (an array, or a byte count) from HBM into SRAM."""
-        self.transfers.append(Transfer(tensor, "read", _nbytes(x), len(self.steps) - 1))
-
-    def write(self, tensor: str, x) -> None:
-        """Count storing `x` (an array, or a byte count) from SRAM to HBM."""
-        self.transfers.append(Transfer(tensor, "write", _nbytes(x), len(self.steps) - 1))
-
-    def step(self, **state) -> None:
-        """Mark the start of an algorithm step; `state` is kept for replay (tile indices, m, l,
-        ...)."""
-        self.steps.append(dict(state))
-
-    def fit(self, **tiles: int) -> None:
-        """Check that tiles resident in SRAM at once (name=bytes, for one program) fit the
-        capacity."""
-        total = sum(int(b) for b in tiles.values())
-        self.peak_sram = max(self.peak_sram, total)
-        if self.sram_bytes is not None and total > self.sram_bytes:
-            parts = ", ".join(f"{k}={v:,} B" for k, v in tiles.items())
-            raise SramCapacityError(
-                f"tile set needs {total:,} bytes of SRAM ({parts}) but the budget is "
-                f"sram_bytes={self.sram_bytes:,}: use smaller block_m / block_n"
-            )
-
-    def traffic(self) -> "Traffic":
-        reads: dict[str, int] = defaultdict(int)
-        writes: dict[str, int] = defaultdict(int)
-        for t in self.transfers:
-            (reads if t.direction == "read" else writes)[t.tensor] += t.nbytes
-        return Traffic(dict(reads), dict(writes))
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(t.nbytes for t in self.transfers if t.direction == "read")
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(t.nbytes for t in self.transfers if t.direction == "write")
-
-    @property
-    def total_bytes(self) -> int:
-        return self.read_bytes + self.write_bytes
+def _mask(name: str, causal, window_size):
+    if not isinstance(causal, bool):
+        raise TypeError(f"{name}: causal must be a bool, got {causal!r}")
+    return check_window(window_size, name=name)
 
 
-def _nbytes(x) -> int:
-    if isinstance(x, numbers.Integral):
-        return int(x)
-    if hasattr(x, "nbytes"):
-        return int(x.nbytes)
-    return int(x.numel() * x.element_size())  # torch
+# ---------------------------------------------------------------------- FLOPs, exps, roofline
+
+PASSES = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
 
-@dataclass(frozen=True)
-class Traffic:
-    """HBM bytes by tensor: `reads[tensor]` (HBM -> SRAM) and `writes[tensor]` (SRAM -> HBM)."""
-
-    reads: dict[str, int]
-    writes: dict[str, int]
-
-    def __post_init__(self):
-        object.__setattr__(self, "reads", {k: int(v) for k, v in self.reads.items() if v})
-        object.__setattr__(self, "writes", {k: int(v) for k, v in self.writes.items() if v})
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(self.reads.values())
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(self.writes.values())
-
-    @property
-    def total_bytes(self) -> int:
-        return self.read_bytes + self.write_bytes
-
-    def table(self) -> str:
-        """A fixed-width table: one row per tensor, bytes read and written."""
-        names = sorted(set(self.reads) | set(self.writes), key=_order)
-        lines = [f"{'tensor':<7}{'read':>16}{'written':>16}"]
-        for n in names:
-            lines.append(f"{n:<7}{self.reads.get(n, 0):>16,}{self.writes.get(n, 0):>16,}")
-        lines.append(f"{'total':<7}{self.read_bytes:>16,}{self.write_bytes:>16,}")
-        return "\n".join(lines)
-
-
-_TENSOR_ORDER = ["Q", "K", "V", "S", "P", "O", "lse", "dO", "D", "dP", "dS", "dQ", "dK", "dV"]
-
-
-def _order(name: str):
-    return (_TENSOR_ORDER.index(name) if name in _TENSOR_ORDER else len(_TENSOR_ORDER), name)
-
-
-# ---------------------------------------------------------------------------------- FLOPs, roofline
+def _pass(name: str, pass_: str) -> float:
+    if pass_ not in PASSES:
+        raise ValueError(f"{name}: pass_ must be one of {list(PASSES)}, got {pass_!r}")
+    return PASSES[pass_]
 
 
 def attention_flops(
-    B: int, H: int, N_q: int, N_k: int, d: int, *, causal: bool = False, pass_: str = "fwd"
+    B: int,
+    H: int,
+    N_q: int,
+    N_k: int,
+    d: int,
+    *,
+    causal: bool = False,
+    window_size: tuple[int, int] | None = None,
+    pass_: str = "fwd",
 ) -> float:
-    """Matmul FLOPs: forward 4 B H N_q N_k d (two matmuls, 2 FLOPs per multiply-add), halved when
-    causal (N_q == N_k); backward 2.5x forward (five matmuls, one is the recomputed Q K^T);
-    "fwd_bwd" 3.5x."""
-    f = 4.0 * B * H * N_q * N_k * d
-    if causal:
-        f *= 0.5
-    return f * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[pass_]
+    """Matmul FLOPs over the visible area of the mask: forward 4 d per visible (query, key) pair
+    (two matmuls, 2 FLOPs per multiply-add), so 4 B H N_q N_k d unmasked, 4 B H d N (N + 1) / 2
+    causal with N_q = N_k, and all 4 B H N_k d for causal N_q = 1 (that query sees every key);
+    backward 2.5x forward (five matmuls, one the recomputed Q K^T); "fwd_bwd" 3.5x. Kernels that
+    skip masked blocks still compute the masked part of an edge tile, which this count leaves out;
+    `benchmark_flops` is the convention benchmarks report."""
+    _sizes("attention_flops", B=B, H=H, N_q=N_q, N_k=N_k, d=d)
+    window_size = _mask("attention_flops", causal, window_size)
+    area = visible_count(N_q, N_k, causal=causal, window_size=window_size)
+    return 4.0 * B * H * d * area * _pass("attention_flops", pass_)
+
+
+def benchmark_flops(
+    B: int, H: int, N: int, d: int, *, causal: bool = False, pass_: str = "fwd"
+) -> float:
+    """The FLOPs benchmarks divide by (FlashAttention's and Triton's tutorial convention):
+    4 B H N^2 d, halved when causal, 2.5x for the backward, 3.5x forward + backward. Use it to
+    compare TFLOP/s with published figures; `attention_flops` counts the exact visible area."""
+    _sizes("benchmark_flops", B=B, H=H, N=N, d=d)
+    _mask("benchmark_flops", causal, None)
+    return 4.0 * B * H * N * N * d * (0.5 if causal else 1.0) * _pass("benchmark_flops", pass_)
+
+
+def exp_count(
+    B: int,
+    H: int,
+    N_q: int,
+    N_k: int,
+    *,
+    causal: bool = False,
+    window_size: tuple[int, int] | None = None,
+    pass_: str = "fwd",
+) -> float:
+    """Exponentials: one per visible (query, key) pair and head in the forward (P = exp(S - m)),
+    once more in the backward, which recomputes P; "fwd_bwd" twice. Causal N_q = N_k halves them,
+    give or take the diagonal. The online softmax's rescaling adds one exp per row and key block,
+    left out here."""
+    _sizes("exp_count", B=B, H=H, N_q=N_q, N_k=N_k)
+    window_size = _mask("exp_count", causal, window_size)
+    per = {"fwd": 1.0, "bwd": 1.0, "fwd_bwd": 2.0}
+    if pass_ not in per:
+        raise ValueError(f"exp_count: pass_ must be one of {list(per)}, got {pass_!r}")
+    area = visible_count(N_q, N_k, causal=causal, window_size=window_size)
+    return float(B * H * area) * per[pass_]
+
+
+def exp_time(exps: float, gpu: GPU | str) -> float | None:
+    """Seconds the special-function units need for `exps` exponentials at the preset's rate
+    (FA3 Sec. 3.2: 3.9 T/s on an H100 SXM5, so at d = 128 the N^2 exponentials take about half the
+    time of the 4 N^2 d matmul FLOPs at 989 TFLOP/s); None when the preset cites no rate."""
+    g = gpu_preset(gpu)
+    return None if g.sfu_flops is None else exps / g.sfu_flops
 
 
 @dataclass(frozen=True)
@@ -246,25 +262,34 @@ class Roofline:
     t_compute: float  # s at the dense tensor-core rate
     intensity: float  # FLOP / byte
     ridge: float  # FLOP / byte where the two times are equal
+    t_exp: float = 0.0  # s on the special-function units (0 when not asked or not cited)
 
     @property
     def time(self) -> float:
-        return max(self.t_memory, self.t_compute)
+        return max(self.t_memory, self.t_compute, self.t_exp)
 
     @property
     def bound(self) -> str:
-        return "memory" if self.t_memory >= self.t_compute else "compute"
+        """ "memory", "compute" (matmuls) or "exp" (the special-function units), whichever is
+        slowest."""
+        if self.t_memory >= max(self.t_compute, self.t_exp):
+            return "memory"
+        return "compute" if self.t_compute >= self.t_exp else "exp"
 
     def explain(self) -> str:
+        exp = f", exponentials {self.t_exp * 1e3:.3f} ms" if self.t_exp else ""
         return (
             f"{self.intensity:.1f} FLOP/byte vs ridge {self.ridge:.0f}: {self.bound}-bound, "
-            f"memory {self.t_memory * 1e3:.3f} ms, compute {self.t_compute * 1e3:.3f} ms"
+            f"memory {self.t_memory * 1e3:.3f} ms, compute {self.t_compute * 1e3:.3f} ms{exp}"
         )
 
 
-def roofline(flops: float, nbytes: float, gpu: GPU | str) -> Roofline:
-    """Lower-bound time of a kernel that does `flops` and moves `nbytes` of HBM traffic on `gpu`."""
-    g = GPUS[gpu] if isinstance(gpu, str) else gpu
+def roofline(flops: float, nbytes: float, gpu: GPU | str, *, exps: float = 0.0) -> Roofline:
+    """Lower-bound time of a kernel that does `flops` matmul FLOPs, `exps` exponentials and moves
+    `nbytes` of HBM traffic on `gpu`: the slowest of the three ceilings (the exponentials count
+    only where the preset cites a special-function rate)."""
+    g = gpu_preset(gpu)
+    t_exp = (exp_time(exps, g) or 0.0) if exps else 0.0
     return Roofline(
         flops,
         nbytes,
@@ -272,6 +297,7 @@ def roofline(flops: float, nbytes: float, gpu: GPU | str) -> Roofline:
         flops / g.dense_flops,
         flops / nbytes if nbytes else math.inf,
         g.ridge,
+        t_exp,
     )
 
 
@@ -283,6 +309,16 @@ def naive_forward(
 ) -> Traffic:
     """Standard attention (Dao et al. 2022, Algorithm 0), per (batch, head):
     read Q, K, write S; read S, write P (and lse); read P, V, write O. Theta(N d + N^2)."""
+    _sizes(
+        "naive_forward",
+        B=B,
+        H=H,
+        N_q=N_q,
+        N_k=N_k,
+        d=d,
+        itemsize=itemsize,
+        lse_itemsize=lse_itemsize,
+    )
     bh, e = B * H, itemsize
     reads = {
         "Q": bh * N_q * d * e,
@@ -303,6 +339,7 @@ def naive_forward(
 def naive_backward(B: int, H: int, N_q: int, N_k: int, d: int, *, itemsize: int = 2) -> Traffic:
     """Standard backward (Dao et al. 2022, Algorithm 3), which reads the stored P:
     dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(P * dP)); dQ = dS K; dK = dS^T Q."""
+    _sizes("naive_backward", B=B, H=H, N_q=N_q, N_k=N_k, d=d, itemsize=itemsize)
     bh, e = B * H, itemsize
     nq, nk, nn = bh * N_q * d * e, bh * N_k * d * e, bh * N_q * N_k * e
     reads = {"P": 2 * nn, "dO": 2 * nq, "V": nk, "dP": nn, "dS": 2 * nn, "K": nk, "Q": nq}
@@ -310,107 +347,12 @@ def naive_backward(B: int, H: int, N_q: int, N_k: int, d: int, *, itemsize: int 
     return Traffic(reads, writes)
 
 
-class NullLedger:
-    """The default ledger: records nothing, so uninstrumented calls cost nothing."""
-
-    sram_bytes = None
-
-    def read(self, tensor, x) -> None:
-        pass
-
-    def write(self, tensor, x) -> None:
-        pass
-
-    def step(self, **state) -> None:
-        pass
-
-    def fit(self, **tiles) -> None:
-        pass
-
-
-NULL_LEDGER = NullLedger()
-
-
 # ------------------------------------------------------------------------------ closed forms: flash
 
 DEFAULT_SRAM_BYTES = 100 * 1024
 """SRAM budget for one thread block when none is given: about 100 KB, what an A100 kernel can count
-on (164 KB of shared memory per block at most, part of which a real kernel spends on staging and
-registers)."""
-
-
-def block_sizes(sram_bytes: int, d: int, itemsize: int = 2) -> tuple[int, int]:
-    """(block_m, block_n) = (B_r, B_c) by the paper's rule (Dao et al. 2022, Algorithm 1, line 1):
-    B_c = ceil(M / 4d), B_r = min(B_c, d), with M = sram_bytes // itemsize the SRAM size in
-    elements.
-
-    The rule is an order-of-magnitude one: the tiles it picks (Q_i, K_j, V_j, O_i, S_ij, m, l) need
-    between 0.75 M and 1.25 M elements, so `tile_bytes` of the result can exceed sram_bytes a
-    little."""
-    if not isinstance(d, numbers.Integral) or d < 1:
-        raise ValueError(f"block_sizes: d must be a positive int, got {d!r}")
-    if not isinstance(sram_bytes, numbers.Integral) or sram_bytes < itemsize:
-        raise ValueError(
-            f"block_sizes: sram_bytes must be an int >= itemsize={itemsize}, got {sram_bytes!r}"
-        )
-    M = sram_bytes // itemsize
-    block_n = -(-M // (4 * d))
-    return min(block_n, d), block_n
-
-
-def tile_bytes(
-    block_m: int, block_n: int, d: int, *, itemsize: int = 2, acc_itemsize: int = 4
-) -> dict[str, int]:
-    """SRAM bytes of the tiles one program of the tiled forward holds at once (for `Ledger.fit`):
-    q_i, k_j, v_j in the input dtype; scores s_ij, the output accumulator o_i and the statistics
-    m_i, l_i in the accumulation dtype."""
-    return {
-        "q_i": block_m * d * itemsize,
-        "k_j": block_n * d * itemsize,
-        "v_j": block_n * d * itemsize,
-        "s_ij": block_m * block_n * acc_itemsize,
-        "o_i": block_m * d * acc_itemsize,
-        "m_i": block_m * acc_itemsize,
-        "l_i": block_m * acc_itemsize,
-    }
-
-
-def band(N_q: int, N_k: int, *, causal: bool = False, window_size: tuple[int, int] | None = None):
-    """(off, left, right): query i sees keys off + i - left ... off + i + right (-1 = unbounded
-    side), with off = N_k - N_q (bottom-right alignment) and causal folded in as right = 0."""
-    left, right = window_size if window_size is not None else (-1, -1)
-    return N_k - N_q, left, (0 if causal else right)
-
-
-def kv_blocks(
-    r0: int,
-    r1: int,
-    N_q: int,
-    N_k: int,
-    block_n: int,
-    *,
-    causal: bool = False,
-    window_size: tuple[int, int] | None = None,
-) -> range:
-    """Indices j of the K/V blocks [j block_n, (j+1) block_n) that query rows [r0, r1) can see at
-    least one key of; every other block is skipped whole. Bottom-right alignment, as in
-    `masks.visible`.
-
-    Row i sees keys [i + N_k - N_q - left, i + N_k - N_q + right]; consecutive rows shift that
-    interval by one, so the rows of a block together see one contiguous run of keys."""
-    off, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
-    lo = max(0, r0 + off - left) if left >= 0 else 0
-    hi = min(N_k - 1, r1 - 1 + off + right) if right >= 0 else N_k - 1
-    return range(lo // block_n, hi // block_n + 1) if lo <= hi else range(0)
-
-
-def _row_blocks(N: int, block: int) -> list[tuple[int, int]]:
-    return [(r0, min(r0 + block, N)) for r0 in range(0, N, block)]
-
-
-def _keys_in(js, block_n: int, N_k: int) -> int:
-    """Number of keys in the K/V blocks js (the last block may be short)."""
-    return sum(min(block_n, N_k - j * block_n) for j in js)
+on (163 KB of shared memory per thread block at most, part of which a real kernel spends on staging
+and registers)."""
 
 
 def _check_order(order: str) -> str:
@@ -420,6 +362,32 @@ def _check_order(order: str) -> str:
             f"K/V blocks), got {order!r}"
         )
     return order
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """Sums over the visible tiles, in rows and keys (Python ints: no overflow at any N)."""
+
+    q_rows: int  # rows of the query blocks that see at least one key
+    tile_rows: int  # query rows summed over visible tiles (rows x visible K/V blocks)
+    tile_keys: int  # keys summed over visible tiles (each query block's visible keys)
+    seen_keys: int  # keys in the K/V blocks some query block sees (one contiguous run)
+
+
+def _tiles(name, N_q, N_k, block_m, block_n, causal, window_size) -> _Tiles:
+    window_size = _mask(name, causal, window_size)
+    rows, first, stop = kv_block_spans(
+        N_q, N_k, block_m, block_n, causal=causal, window_size=window_size
+    )
+    seen = stop > first
+    keys = _keys_in_blocks(first, stop, N_k, block_n)
+    seen_keys = 0
+    if seen.any():
+        j0, j1 = int(first[seen].min()), int(stop[seen].max())
+        seen_keys = min(j1 * block_n, N_k) - j0 * block_n
+    return _Tiles(
+        int(rows[seen].sum()), int((rows * (stop - first)).sum()), int(keys.sum()), seen_keys
+    )
 
 
 def flash_forward(
@@ -446,37 +414,67 @@ def flash_forward(
     each visible K_j, V_j once; for every visible tile read Q_i, O_i, m_i, l_i and write O_i, m_i,
     l_i back; a last pass reads m, l and writes lse. Q and O move ceil(N_k / block_n) times.
     Blocks wholly hidden by the causal or window mask are never loaded; a query block that sees
-    nothing does not load Q_i (fa2). Every (batch, head) pair reads its own tiles, so with GQA K and
-    V count H times.
+    nothing does not load Q_i (fa2; the Triton kernel loads it anyway, see
+    `triton_forward_extra`). Every (batch, head) pair reads its own tiles, so with GQA K and V
+    count H times. O(number of query blocks) time.
     """
     _check_order(order)
-    row, stat = (
-        B * H * d * itemsize,
-        B * H * lse_itemsize,
-    )  # bytes of one row of Q/K/V/O; of m, l, lse
-    reads: dict[str, int] = defaultdict(int)
-    writes: dict[str, int] = defaultdict(int)
-    seen: set[int] = set()
-    for r0, r1 in _row_blocks(N_q, block_m):
-        js = kv_blocks(r0, r1, N_q, N_k, block_n, causal=causal, window_size=window_size)
-        if order == "fa2":
-            reads["Q"] += (r1 - r0) * row if len(js) else 0
-            reads["K"] += _keys_in(js, block_n, N_k) * row
-            reads["V"] += _keys_in(js, block_n, N_k) * row
-        else:
-            seen.update(js)
-            for t, size in (("Q", row), ("O", row), ("m", stat), ("l", stat)):
-                reads[t] += len(js) * (r1 - r0) * size
-                if t != "Q":
-                    writes[t] += len(js) * (r1 - r0) * size
-    writes["O"] += N_q * row
-    writes["lse"] += N_q * stat
-    if order == "fa1":
-        reads["K"] = reads["V"] = _keys_in(seen, block_n, N_k) * row
-        for t in ("m", "l"):  # initialised in HBM, then read once more to form lse
-            writes[t] += N_q * stat
-            reads[t] += N_q * stat
+    _sizes(
+        "flash_forward",
+        B=B,
+        H=H,
+        N_q=N_q,
+        N_k=N_k,
+        d=d,
+        block_m=block_m,
+        block_n=block_n,
+        itemsize=itemsize,
+        lse_itemsize=lse_itemsize,
+    )
+    t = _tiles("flash_forward", N_q, N_k, block_m, block_n, causal, window_size)
+    row, stat = B * H * d * itemsize, B * H * lse_itemsize  # one row of Q/K/V/O; of m, l, lse
+    if order == "fa2":
+        reads = {"Q": t.q_rows * row, "K": t.tile_keys * row, "V": t.tile_keys * row}
+        return Traffic(reads, {"O": N_q * row, "lse": N_q * stat})
+    reads = {
+        "Q": t.tile_rows * row,
+        "K": t.seen_keys * row,
+        "V": t.seen_keys * row,
+        "O": t.tile_rows * row,
+        "m": (t.tile_rows + N_q) * stat,  # + one last read of m and l to form lse
+        "l": (t.tile_rows + N_q) * stat,
+    }
+    writes = {
+        "O": (t.tile_rows + N_q) * row,  # initialised in HBM, then rewritten per visible tile
+        "m": (t.tile_rows + N_q) * stat,
+        "l": (t.tile_rows + N_q) * stat,
+        "lse": N_q * stat,
+    }
     return Traffic(reads, writes)
+
+
+def triton_forward_extra(
+    B: int,
+    H: int,
+    N_q: int,
+    N_k: int,
+    d: int,
+    *,
+    block_m: int,
+    block_n: int,
+    causal: bool = False,
+    window_size: tuple[int, int] | None = None,
+    itemsize: int = 2,
+) -> Traffic:
+    """What `triton_attention.forward` moves beyond `flash_forward` (FA2 order): it loads Q_i for
+    every query block, also one that sees no key (causal with N_q > N_k, or a window), to write
+    its zero output. Zero bytes whenever every query block sees a key."""
+    _sizes("triton_forward_extra", B=B, H=H, N_q=N_q, N_k=N_k, d=d, itemsize=itemsize)
+    t = _tiles("triton_forward_extra", N_q, N_k, block_m, block_n, causal, window_size)
+    return Traffic({"Q": (N_q - t.q_rows) * B * H * d * itemsize}, {})
+
+
+BACKWARD_VARIANTS = ("atomic", "two_pass")
 
 
 def flash_backward(
@@ -493,49 +491,64 @@ def flash_backward(
     itemsize: int = 2,
     lse_itemsize: int = 4,
     H_kv: int | None = None,
+    variant: str = "atomic",
 ) -> Traffic:
-    """HBM traffic of the backward by recomputation (`tiled.backward`; Dao 2023, Algorithm 2),
-    exactly.
+    """HBM traffic of the backward by recomputation (Dao 2023, Algorithm 2), exactly.
 
-    Preprocess: read dO and O, write D = rowsum(dO * O); zero the dQ accumulator (lse_itemsize per
-    entry). Outer loop over K/V blocks: read K_j, V_j if any tile of the column is visible; for each
-    visible tile read Q_i, dO_i, lse_i, D_i and read-modify-write dQ_i (an atomic add on a GPU);
-    write dK_j, dV_j. Finally read the dQ accumulator and write dQ in the input dtype. With GQA
-    (H_kv < H) each query head writes its own dK, dV, which one more pass sums into the H_kv heads.
-    Nothing of size N_q x N_k moves.
+    Both variants start with a preprocess: read dO and O, write D = rowsum(dO * O).
+    variant="atomic" (`tiled.backward`): zero a dQ accumulator (lse_itemsize per entry); outer loop
+    over K/V blocks: read K_j, V_j if any tile of the column is visible; for each visible tile read
+    Q_i, dO_i, lse_i, D_i and read-modify-write dQ_i (an atomic add on a GPU); write dK_j, dV_j.
+    Finally read the dQ accumulator and write dQ in the input dtype. With GQA (H_kv < H) each query
+    head writes its own dK, dV, which one more pass sums into the H_kv heads.
+    variant="two_pass" (`triton_attention.backward`): no accumulator and no atomics. A dK/dV pass,
+    one program per K/V block and K/V head, reads K_j, V_j (every block, as the kernel does) and,
+    for each query head of its group and each visible tile, Q_i, dO_i, lse_i, D_i; it writes dK_j,
+    dV_j once per K/V head. A dQ pass, one program per query block and head, reads Q_i, dO_i,
+    lse_i, D_i once and the K_j, V_j of each visible tile, and writes dQ_i. Q, dO, lse and D are
+    read once more than in the atomic variant, and K, V ceil(N_q / block_m) times instead of once:
+    the price of a deterministic dQ.
+    Nothing of size N_q x N_k moves. O(number of query blocks) time.
     """
     H_kv = H if H_kv is None else H_kv
+    _sizes(
+        "flash_backward",
+        B=B,
+        H=H,
+        N_q=N_q,
+        N_k=N_k,
+        d=d,
+        block_m=block_m,
+        block_n=block_n,
+        itemsize=itemsize,
+        lse_itemsize=lse_itemsize,
+        H_kv=H_kv,
+    )
+    if H % H_kv:
+        raise ValueError(f"flash_backward: H={H} must be a multiple of H_kv={H_kv}")
+    if variant not in BACKWARD_VARIANTS:
+        raise ValueError(
+            f"flash_backward: variant must be one of {list(BACKWARD_VARIANTS)}, got {variant!r}"
+        )
+    t = _tiles("flash_backward", N_q, N_k, block_m, block_n, causal, window_size)
     row, stat, acc_row = B * H * d * itemsize, B * H * lse_itemsize, B * H * d * lse_itemsize
-    reads: dict[str, int] = defaultdict(int, {"dO": N_q * row, "O": N_q * row})
-    writes: dict[str, int] = defaultdict(int, {"D": N_q * stat, "dQ": N_q * acc_row})
-    seen: set[int] = set()
-    for r0, r1 in _row_blocks(N_q, block_m):
-        js = kv_blocks(r0, r1, N_q, N_k, block_n, causal=causal, window_size=window_size)
-        seen.update(js)
-        n = len(js) * (r1 - r0)  # query rows processed, summed over visible tiles
-        for t, size in (("Q", row), ("dO", row), ("lse", stat), ("D", stat), ("dQ", acc_row)):
-            reads[t] += n * size
-        writes["dQ"] += n * acc_row
-    reads["K"] = reads["V"] = _keys_in(seen, block_n, N_k) * row
-    writes["dK"] = writes["dV"] = N_k * row
-    reads["dQ"] += N_q * acc_row
-    writes["dQ"] += N_q * row
+    kv_row = B * H_kv * d * itemsize
+    if variant == "two_pass":
+        n = t.tile_rows + N_q  # dK/dV pass per visible tile, then the dQ pass once per row
+        reads = {"Q": n * row, "dO": (n + N_q) * row, "O": N_q * row, "lse": n * stat}
+        reads |= {"D": n * stat, "K": N_k * kv_row + t.tile_keys * row}
+        reads["V"] = reads["K"]
+        writes = {"D": N_q * stat, "dQ": N_q * row, "dK": N_k * kv_row, "dV": N_k * kv_row}
+        return Traffic(reads, writes)
+    n = t.tile_rows
+    reads = {"Q": n * row, "dO": (n + N_q) * row, "O": N_q * row, "lse": n * stat, "D": n * stat}
+    reads |= {"dQ": (n + N_q) * acc_row, "K": t.seen_keys * row, "V": t.seen_keys * row}
+    writes = {"D": N_q * stat, "dQ": (n + N_q) * acc_row + N_q * row}
+    writes |= {"dK": N_k * row, "dV": N_k * row}
     if H_kv != H:
-        for t in ("dK", "dV"):
-            reads[t] += N_k * row
-            writes[t] += B * H_kv * N_k * d * itemsize
-    return Traffic(reads, writes)
-
-
-def combine(*parts: Traffic) -> Traffic:
-    """The sum of several Traffic records (e.g. a forward and its backward)."""
-    reads: dict[str, int] = defaultdict(int)
-    writes: dict[str, int] = defaultdict(int)
-    for t in parts:
-        for k, v in t.reads.items():
-            reads[k] += v
-        for k, v in t.writes.items():
-            writes[k] += v
+        for name in ("dK", "dV"):
+            reads[name] = N_k * row
+            writes[name] += N_k * kv_row
     return Traffic(reads, writes)
 
 
@@ -545,6 +558,16 @@ def saved_for_backward(
     """Bytes each method keeps from forward to backward besides the inputs Q, K, V:
     "naive" keeps P (B H N_q N_k, the O(N^2) term); "flash" keeps O and lse (B H N_q (d + 1),
     O(N))."""
+    _sizes(
+        "saved_for_backward",
+        B=B,
+        H=H,
+        N_q=N_q,
+        N_k=N_k,
+        d=d,
+        itemsize=itemsize,
+        lse_itemsize=lse_itemsize,
+    )
     return {
         "naive": B * H * N_q * N_k * itemsize,
         "flash": B * H * N_q * (d * itemsize + lse_itemsize),
