@@ -17,6 +17,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 
+def check_sizes(name: str, **sizes) -> None:
+    """Every size a positive int (not a bool), else a ValueError naming the function, the
+    argument, its value and what was expected."""
+    for arg, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name}: {arg} must be a positive int, got {v!r}")
+
+
 class SramCapacityError(ValueError):
     """A tile set does not fit the SRAM budget given to the algorithm."""
 

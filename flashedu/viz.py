@@ -25,7 +25,6 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from . import traffic
-from .nb import fmt_bytes
 
 ALGORITHMS = {
     "naive": "standard attention, forward (S and P through HBM)",
@@ -41,6 +40,17 @@ STANDARD, FLASH = "#8c8c8c", "#55a868"
 # ------------------------------------------------------------------------------------------ numbers
 
 
+TILE_RULES = {
+    "fit": "largest powers of two that fit the SRAM budget",
+    "paper": "the paper's rule B_c = ceil(M / 4d), B_r = min(B_c, d)",
+}
+
+
+def _one_of(name: str, arg: str, value, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name}: {arg} must be one of {list(options)}, got {value!r}")
+
+
 def explorer_state(
     *,
     N: int = 4096,
@@ -54,60 +64,64 @@ def explorer_state(
     causal: bool = False,
     B: int = 1,
     H: int = 1,
+    tile_rule: str = "fit",
 ) -> dict:
     """Everything the traffic explorer shows, for N queries and N keys of width d.
 
-    block_m / block_n default to the paper's rule (`traffic.block_sizes`) for the SRAM budget
-    (sram_kib, default the preset's shared memory per thread block): the large block
-    B_c = ceil(M / 4d) goes to the tensor of the outer loop, which stays in SRAM (K/V for FA1 and
-    the backward, Q for FA2), and B_r = min(B_c, d) to the tensor streamed past it. The standard
-    algorithm is compared with FA2. Causal: the tiled passes skip masked blocks
-    (fewer bytes and FLOPs); the standard one computes all of S anyway.
+    block_m / block_n default to tiles chosen for the SRAM budget (sram_kib, default the preset's
+    shared memory per thread block) by `tile_rule` (`traffic.tile_choice`):
+    "fit" (default) picks the largest powers of two from 16 to 128 whose tiles fit, the outer
+    loop's block first (Q's for FA2, K/V's for FA1 and the backward): tiles a tensor core can use;
+    "paper" is FlashAttention's rule B_c = ceil(M / 4d), B_r = min(B_c, d), the large B_c for the
+    tensor of the outer loop, which stays in SRAM. The paper's rule sizes tiles to the order of the
+    SRAM, so they may overflow it (454 x 64 at d = 64 on an H200, 34% over). The standard algorithm
+    is compared with FA2. Causal: the tiled passes skip masked blocks (fewer bytes and FLOPs); the
+    standard one computes all of S anyway. Costs O(N / block_m), so N = 10^7 answers at once.
 
     Returns a dict with `traffic` (the chosen algorithm's Traffic), `standard` and `flash`
-    (the pair being compared), `ratio` (standard / flash bytes), `roofline`, `flops`, `block_m`,
-    `block_n`, `auto_blocks` (whether the rule chose any of them), `sram_bytes`, `sram_tiles` (bytes
-    resident in SRAM per thread block, by tile) and `fits` (whether those tiles fit the budget).
+    (the pair being compared), `ratio` (standard / flash bytes), `roofline` (with the
+    exponentials' ceiling where the preset cites one), `flops`, `exps`, `block_m`, `block_n`,
+    `auto_blocks` (whether the rule chose any of them), `tile_rule`, `tiles` (the TileChoice),
+    `sram_bytes`, `sram_tiles` (bytes resident in SRAM per thread block, by tile) and `fits`
+    (whether those tiles fit the budget).
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(
-            f"explorer_state: algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}"
-        )
-    if dtype not in ITEMSIZE:
-        raise ValueError(f"explorer_state: dtype must be one of {list(ITEMSIZE)}, got {dtype!r}")
-    g, e = traffic.GPUS[gpu], ITEMSIZE[dtype]
+    _one_of("explorer_state", "algorithm", algorithm, ALGORITHMS)
+    _one_of("explorer_state", "dtype", dtype, ITEMSIZE)
+    _one_of("explorer_state", "tile_rule", tile_rule, TILE_RULES)
+    g, e = traffic.gpu_preset(gpu), ITEMSIZE[dtype]
     sram = int(sram_kib * 1024) if sram_kib else g.smem_per_block
-    b_r, b_c = traffic.block_sizes(sram, d, e)
-    auto_m, auto_n = (b_c, b_r) if algorithm in ("naive", "fa2") else (b_r, b_c)
-    bm, bn = block_m or auto_m, block_n or auto_n
+    choice = traffic.tile_choice(
+        sram,
+        d,
+        e,
+        algorithm="fa2" if algorithm == "naive" else algorithm,
+        rule=tile_rule,
+        block_m=block_m,
+        block_n=block_n,
+    )
+    bm, bn = choice.block_m, choice.block_n
     shape = (B, H, N, N, d)
     if algorithm == "backward":
         standard = traffic.naive_backward(*shape, itemsize=e)
         flash = traffic.flash_backward(*shape, block_m=bm, block_n=bn, causal=causal, itemsize=e)
     else:
         standard = traffic.naive_forward(*shape, itemsize=e)
+        order = "fa1" if algorithm == "fa1" else "fa2"
         flash = traffic.flash_forward(
-            *shape,
-            block_m=bm,
-            block_n=bn,
-            order="fa1" if algorithm == "fa1" else "fa2",
-            causal=causal,
-            itemsize=e,
+            *shape, block_m=bm, block_n=bn, order=order, causal=causal, itemsize=e
         )
     shown = standard if algorithm == "naive" else flash
     # Standard attention computes all of S even when causal; the tiled kernels skip masked blocks.
-    flops = traffic.attention_flops(
-        *shape,
-        causal=causal and algorithm != "naive",
-        pass_="bwd" if algorithm == "backward" else "fwd",
-    )
-    tiles = sram_tiles(algorithm, bm, bn, d, e)
+    pass_, masked = ("bwd" if algorithm == "backward" else "fwd"), causal and algorithm != "naive"
+    flops = traffic.attention_flops(*shape, causal=masked, pass_=pass_)
+    exps = traffic.exp_count(B, H, N, N, causal=masked, pass_=pass_)
+    tiles = {} if algorithm == "naive" else choice.tiles
     return {
         "N": N,
         "d": d,
         "dtype": dtype,
         "itemsize": e,
-        "gpu": gpu,
+        "gpu": gpu if isinstance(gpu, str) else g.name,
         "algorithm": algorithm,
         "causal": causal,
         "B": B,
@@ -115,6 +129,8 @@ def explorer_state(
         "block_m": bm,
         "block_n": bn,
         "auto_blocks": block_m is None or block_n is None,
+        "tile_rule": tile_rule,
+        "tiles": choice,
         "sram_bytes": sram,
         "sram_tiles": tiles,
         "fits": sum(tiles.values()) <= sram,
@@ -123,35 +139,28 @@ def explorer_state(
         "flash": flash,
         "ratio": standard.total_bytes / flash.total_bytes,
         "flops": flops,
-        "roofline": traffic.roofline(flops, shown.total_bytes, g),
+        "exps": exps,
+        "roofline": traffic.roofline(flops, shown.total_bytes, g, exps=exps),
     }
 
 
-def sram_tiles(algorithm: str, block_m: int, block_n: int, d: int, itemsize: int) -> dict[str, int]:
-    """Bytes one thread block keeps in SRAM at once, by tile: `traffic.tile_bytes` for the forward;
-    for the backward, q_i, k_j, v_j, do_i in `itemsize` and s_ij, dp_ij, lse_i, D_i, the dK_j, dV_j
-    accumulators in fp32.
-
-    Standard attention streams rows and keeps no tile worth counting, so it returns {}.
-    """
-    if algorithm == "naive":
-        return {}
-    tiles = traffic.tile_bytes(block_m, block_n, d, itemsize=itemsize)
-    if algorithm != "backward":
-        return tiles
-    f = 4
+def default_tiles(
+    gpu: str = "H200", d: int = 64, dtype: str = "float16", *, algorithm: str = "fa2"
+) -> dict:
+    """The explorer's default tiles for a preset under both rules, and whether they fit: the one
+    story chapters 00, 03 and 08 tell. Returns {"fit": TileChoice, "paper": TileChoice}; print
+    `choice.explain()` for one line each."""
+    _one_of("default_tiles", "dtype", dtype, ITEMSIZE)
+    g = traffic.gpu_preset(gpu)
     return {
-        "q_i": tiles["q_i"],
-        "k_j": tiles["k_j"],
-        "v_j": tiles["v_j"],
-        "do_i": block_m * d * itemsize,
-        "s_ij": tiles["s_ij"],
-        "dp_ij": block_m * block_n * f,
-        "lse_i": block_m * f,
-        "D_i": block_m * f,
-        "dk_j": block_n * d * f,
-        "dv_j": block_n * d * f,
+        rule: traffic.tile_choice(
+            g.smem_per_block, d, ITEMSIZE[dtype], algorithm=algorithm, rule=rule
+        )
+        for rule in TILE_RULES
     }
+
+
+sram_tiles = traffic.sram_tiles  # the SRAM bytes of each algorithm's tiles (now in tiles.py)
 
 
 def roofline_points(
@@ -221,13 +230,23 @@ def fmt_time(seconds: float) -> str:
 
 
 def describe(r: traffic.Roofline) -> str:
-    """One line on a roofline result, times in readable units: intensity vs ridge, bound, both
-    times."""
+    """One line on a roofline result, times in readable units: intensity vs ridge, bound, the
+    memory and matmul times, and the exponentials' time where it was counted."""
+    exp = f", exponentials {fmt_time(r.t_exp)}" if r.t_exp else ""
     return (
         f"{r.intensity:.1f} FLOP/byte vs ridge {r.ridge:.0f}: {r.bound}-bound, "
         f"memory {fmt_time(r.t_memory)}, "
-        f"compute {fmt_time(r.t_compute)}"
+        f"compute {fmt_time(r.t_compute)}{exp}"
     )
+
+
+def byte_unit(nbytes: float) -> tuple[str, float]:
+    """("GiB", 2**30) for the largest binary unit not above nbytes (B below 1 KiB): one unit per
+    axis, so its ticks and labels agree."""
+    for unit, scale in (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if nbytes >= scale:
+            return unit, scale
+    return "B", 1.0
 
 
 def png(fig: Figure, dpi: int = 80) -> bytes:
@@ -239,43 +258,49 @@ def png(fig: Figure, dpi: int = 80) -> bytes:
 
 def draw_traffic(state: dict) -> Figure:
     """Left: HBM bytes by tensor, read and written, for the chosen algorithm. Right: standard vs
-    flash totals."""
-    t, mib = state["traffic"], 2.0**20
-    names = sorted(set(t.reads) | set(t.writes), key=traffic._order)
+    flash totals. Each axis carries its unit (KiB, MiB or GiB, whichever fits its largest bar) and
+    the totals are labelled in that same unit."""
+    t = state["traffic"]
+    names = sorted(set(t.reads) | set(t.writes), key=traffic.tensor_order)
+    unit, scale = byte_unit(max([*t.reads.values(), *t.writes.values(), 1]))
     fig = Figure(figsize=(8.4, 3.0), layout="constrained")
     ax, tot = fig.subplots(1, 2, width_ratios=[3, 1.3])
     x = range(len(names))
     ax.bar(
         [i - 0.2 for i in x],
-        [t.reads.get(n, 0) / mib for n in names],
+        [t.reads.get(n, 0) / scale for n in names],
         0.4,
         color=READ,
         label="read (HBM → SRAM)",
     )
     ax.bar(
         [i + 0.2 for i in x],
-        [t.writes.get(n, 0) / mib for n in names],
+        [t.writes.get(n, 0) / scale for n in names],
         0.4,
         color=WRITE,
         label="written (SRAM → HBM)",
     )
     ax.set_xticks(list(x), names)
-    ax.set_ylabel("MiB")
+    ax.set_ylabel(f"HBM bytes ({unit})")
     ax.set_title(ALGORITHMS[state["algorithm"]], fontsize=9)
     ax.legend(fontsize=8, frameon=False)
-    pair = [state["standard"].total_bytes / mib, state["flash"].total_bytes / mib]
+    totals = [state["standard"].total_bytes, state["flash"].total_bytes]
+    unit, scale = byte_unit(max(totals))
+    pair = [v / scale for v in totals]
     tot.bar(["standard", "flash"], pair, color=[STANDARD, FLASH])
+    tot.set_ylabel(f"HBM bytes ({unit})")
     tot.set_title(f"total HBM bytes\nflash moves {state['ratio']:.1f}x less", fontsize=9)
     for i, v in enumerate(pair):
-        tot.annotate(fmt_bytes(v * mib), (i, v), ha="center", va="bottom", fontsize=8)
+        tot.annotate(f"{v:.3g} {unit}", (i, v), ha="center", va="bottom", fontsize=8)
     tot.set_ylim(0, max(pair) * 1.18)
     return fig
 
 
 def draw_roofline(gpu: str, points: dict[str, traffic.Roofline]) -> Figure:
     """Attainable FLOP/s against arithmetic intensity on `gpu`, with each point placed on the
-    roof."""
-    g = traffic.GPUS[gpu]
+    roof, and, where the preset cites a special-function rate, the exponentials' ceiling: the
+    matmul FLOP/s the exponentials allow (rate x FLOPs per exponential, 4 d for the forward)."""
+    g = traffic.gpu_preset(gpu)
     lo = min(min(r.intensity for r in points.values()) / 4, 1.0)
     hi = max(max(r.intensity for r in points.values()) * 4, g.ridge * 8)
     xs = [lo * (hi / lo) ** (k / 200) for k in range(201)]
@@ -294,6 +319,19 @@ def draw_roofline(gpu: str, points: dict[str, traffic.Roofline]) -> Figure:
         xytext=(4, 4),
         textcoords="offset points",
     )
+    ceilings = [r.flops / r.t_exp for r in points.values() if r.t_exp]
+    if ceilings:
+        cap = min(ceilings) / 1e12
+        ax.axhline(cap, color=CURRENT, ls="--", lw=1)
+        ax.annotate(
+            f"exponentials: {g.sfu_tflops:.1f} T exp/s cap the matmuls at {cap:.0f} TFLOP/s",
+            (0, cap),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 3),
+            textcoords="offset points",
+            fontsize=8,
+            color=CURRENT,
+        )
     for (name, r), color in zip(points.items(), (STANDARD, FLASH, CURRENT)):
         y = r.flops / r.time / 1e12
         ax.plot([r.intensity], [y], "o", ms=9, color=color)
@@ -306,7 +344,8 @@ def draw_roofline(gpu: str, points: dict[str, traffic.Roofline]) -> Figure:
             fontsize=8,
             ha="left" if right else "right",
         )
-    ax.set_ylim(min(lo * g.hbm_bandwidth, g.dense_flops) / 1e12 / 2, g.dense_flops / 1e12 * 3)
+    top = max([g.dense_flops / 1e12 * 3, *(c / 1e12 * 1.5 for c in ceilings)])
+    ax.set_ylim(min(lo * g.hbm_bandwidth, g.dense_flops) / 1e12 / 2, top)
     ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(

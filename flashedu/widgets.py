@@ -28,14 +28,25 @@ from . import traffic, viz
 from .nb import fmt_bytes
 
 _WIDE = {"description_width": "110px"}
-_N_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(7, 18)]
+_N_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(7, 21)]  # 128 ... 1,048,576 tokens
+_D_OPTIONS = [32, 64, 128, 256]
 _ALGORITHMS = [
     ("standard", "naive"),
     ("FA1 order", "fa1"),
     ("FA2 order", "fa2"),
     ("backward", "backward"),
 ]
-_BLOCKS = [("auto (paper rule)", 0)] + [(str(b), b) for b in (16, 32, 64, 128, 256)]
+_BLOCKS = [("auto (tile rule)", 0)] + [(str(b), b) for b in (16, 32, 64, 128, 256)]
+_TILE_RULES = [("powers of two that fit", "fit"), ("paper's rule (may overflow)", "paper")]
+
+
+def _option(widget: str, arg: str, value, options) -> None:
+    """A ValueError naming the argument, the value and the control's options, instead of the
+    TraitError a control would raise."""
+    values = [o[1] if isinstance(o, tuple) else o for o in options]
+    if value not in values:
+        hint = " (viz.explorer_state takes any N)" if arg == "N" else ""
+        raise ValueError(f"{widget}: {arg}={value!r} is not one of the options {values}{hint}")
 
 
 def _row(*cells, tag="td") -> str:
@@ -54,11 +65,13 @@ def explorer_html(state: dict) -> str:
     """The explorer's headline: total HBM bytes, the standard/flash ratio and the roofline
     verdict."""
     t, r, g = state["traffic"], state["roofline"], traffic.GPUS[state["gpu"]]
-    why = (
-        "bytes set the time: each byte brings too little arithmetic to keep the tensor cores busy"
-        if r.bound == "memory"
-        else "arithmetic sets the time: each byte fetched feeds enough FLOPs"
-    )
+    why = {
+        "memory": "bytes set the time: each byte brings too little arithmetic to keep the tensor "
+        "cores busy",
+        "compute": "arithmetic sets the time: each byte fetched feeds enough FLOPs",
+        "exp": "the exponentials set the time: the special-function units "
+        f"({g.sfu_tflops or 0:.1f} T exp/s) are slower than the matmuls they feed",
+    }[r.bound]
     return (
         "<div class='fe-explorer' style='line-height:1.5'>"
         "<div style='font-size:1.15em'>HBM traffic: "
@@ -67,7 +80,19 @@ def explorer_html(state: dict) -> str:
         f" &nbsp;·&nbsp; standard / flash = <b class='fe-ratio'>{state['ratio']:.1f}x</b></div>"
         f"<div>Roofline on {g.name}: <b class='fe-bound'>{r.bound}-bound</b>, at least "
         f"<b class='fe-time'>{viz.fmt_time(r.time)}</b>. Intensity {r.intensity:.1f} FLOP/byte "
-        f"{'below' if r.bound == 'memory' else 'above'} the ridge {r.ridge:.0f}: {why}.</div></div>"
+        f"{'below' if r.intensity < r.ridge else 'above'} the ridge {r.ridge:.0f}: {why}.</div>"
+        f"<div class='fe-exp'>{_exp_line(state)}</div></div>"
+    )
+
+
+def _exp_line(state: dict) -> str:
+    r, g = state["roofline"], traffic.GPUS[state["gpu"]]
+    if g.sfu_flops is None:
+        return f"Exponentials: {state['exps']:,.0f} (no special-function rate cited for {g.name})."
+    return (
+        f"Exponentials: {state['exps']:,.0f} on the special-function units at "
+        f"{g.sfu_tflops:.1f} T/s take {viz.fmt_time(r.t_exp)}, beside "
+        f"{viz.fmt_time(r.t_compute)} of matmuls (FA3, arXiv:2407.08608, Sec. 3.2)."
     )
 
 
@@ -84,11 +109,11 @@ def explorer_details_html(state: dict) -> str:
         used = sum(tiles.values())
         if state["fits"]:
             verdict = "fits"
-        elif state["auto_blocks"]:
+        elif state["auto_blocks"] and state["tile_rule"] == "paper":
             verdict = (
                 f"{used / state['sram_bytes'] - 1:.0%} over: "
                 "the paper's rule sizes tiles to the order of the "
-                "SRAM, not under it; a real kernel would pick the next smaller power of two"
+                "SRAM, not under it; 'powers of two that fit' picks tiles a kernel can use"
             )
         else:
             verdict = "<b style='color:#c44e52'>does NOT fit: smaller blocks needed</b>"
@@ -96,7 +121,8 @@ def explorer_details_html(state: dict) -> str:
             "<b>SRAM, one thread block</b> "
             f"(block_m={state['block_m']}, block_n={state['block_n']}): "
             + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tiles.items())
-            + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}"
+            + f"; {fmt_bytes(used)} of {fmt_bytes(state['sram_bytes'])}, {verdict}. "
+            + f"Tile rule: {viz.TILE_RULES[state['tile_rule']]}."
         )
     else:
         sram = (
@@ -127,7 +153,20 @@ class TrafficExplorer(W.VBox):
         causal=False,
         B=1,
         H=1,
+        tile_rule="fit",
     ):
+        name = "traffic_explorer"
+        for arg, value, options in (
+            ("N", N, _N_OPTIONS),
+            ("d", d, _D_OPTIONS),
+            ("dtype", dtype, list(viz.ITEMSIZE)),
+            ("gpu", gpu, list(traffic.GPUS)),
+            ("algorithm", algorithm, _ALGORITHMS),
+            ("block_m", block_m or 0, _BLOCKS),
+            ("block_n", block_n or 0, _BLOCKS),
+            ("tile_rule", tile_rule, _TILE_RULES),
+        ):
+            _option(name, arg, value, options)
         self._bh = (B, H)
         sram_kib = sram_kib or traffic.GPUS[gpu].smem_per_block // 1024
         c = {
@@ -138,14 +177,15 @@ class TrafficExplorer(W.VBox):
                 style=_WIDE,
                 layout=W.Layout(width="330px"),
             ),
-            "d": W.Dropdown(
-                options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE
-            ),
+            "d": W.Dropdown(options=_D_OPTIONS, value=d, description="d (head dim)", style=_WIDE),
             "dtype": W.Dropdown(
                 options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE
             ),
             "gpu": W.Dropdown(
                 options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE
+            ),
+            "tile_rule": W.Dropdown(
+                options=_TILE_RULES, value=tile_rule, description="tiles", style=_WIDE
             ),
             "sram_kib": W.IntSlider(
                 min=16, max=256, value=int(sram_kib), description="SRAM (KiB)", style=_WIDE
@@ -165,7 +205,7 @@ class TrafficExplorer(W.VBox):
         self.html, self.details = W.HTML(), W.HTML()
         self.image = W.Image(format="png", layout=W.Layout(max_width="840px"))
         left = W.VBox([c["N"], c["d"], c["dtype"], c["causal"]])
-        right = W.VBox([c["gpu"], c["sram_kib"], c["block_m"], c["block_n"]])
+        right = W.VBox([c["gpu"], c["sram_kib"], c["tile_rule"], c["block_m"], c["block_n"]])
         top = W.HBox([W.Label("algorithm", layout=W.Layout(width="114px")), c["algorithm"]])
         super().__init__([top, W.HBox([left, right]), self.html, self.image, self.details])
         c["gpu"].observe(self._preset, names="value")
@@ -200,6 +240,13 @@ class RooflinePlot(W.VBox):
     the controls."""
 
     def __init__(self, *, gpu="H200", N=4096, d=64, dtype="float16", causal=False):
+        for arg, value, options in (
+            ("gpu", gpu, list(traffic.GPUS)),
+            ("N", N, _N_OPTIONS),
+            ("d", d, _D_OPTIONS),
+            ("dtype", dtype, list(viz.ITEMSIZE)),
+        ):
+            _option("roofline_plot", arg, value, options)
         c = {
             "gpu": W.Dropdown(
                 options=list(traffic.GPUS), value=gpu, description="GPU", style=_WIDE
@@ -207,9 +254,7 @@ class RooflinePlot(W.VBox):
             "N": W.SelectionSlider(
                 options=_N_OPTIONS, value=N, description="N (tokens)", style=_WIDE
             ),
-            "d": W.Dropdown(
-                options=[32, 64, 128, 256], value=d, description="d (head dim)", style=_WIDE
-            ),
+            "d": W.Dropdown(options=_D_OPTIONS, value=d, description="d (head dim)", style=_WIDE),
             "dtype": W.Dropdown(
                 options=list(viz.ITEMSIZE), value=dtype, description="dtype", style=_WIDE
             ),

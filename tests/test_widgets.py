@@ -39,9 +39,13 @@ def test_standard_algorithm_shows_the_naive_closed_form(N, d, dtype):
     assert s["flash"] == flash
     assert s["ratio"] == s["traffic"].total_bytes / flash.total_bytes
     expected = traffic.roofline(
-        traffic.attention_flops(1, 1, N, N, d), s["traffic"].total_bytes, "H200"
+        traffic.attention_flops(1, 1, N, N, d),
+        s["traffic"].total_bytes,
+        "H200",
+        exps=traffic.exp_count(1, 1, N, N),
     )
     assert s["roofline"] == expected and s["roofline"].bound == "memory"
+    assert s["exps"] == N * N
 
 
 @pytest.mark.parametrize("algorithm,order", [("fa1", "fa1"), ("fa2", "fa2")])
@@ -55,7 +59,10 @@ def test_flash_orders_show_the_flash_closed_form(algorithm, order, causal):
     )
     assert s["standard"] == traffic.naive_forward(2, 3, 2048, 2048, 64)
     assert s["flops"] == traffic.attention_flops(2, 3, 2048, 2048, 64, causal=causal)
-    assert s["roofline"].time == max(s["traffic"].total_bytes / 4.8e12, s["flops"] / 989.4e12)
+    exps = traffic.exp_count(2, 3, 2048, 2048, causal=causal)
+    assert s["roofline"].time == max(
+        s["traffic"].total_bytes / 4.8e12, s["flops"] / 989.4e12, exps / 3.9e12
+    )
 
 
 def test_backward_compares_the_two_backward_passes():
@@ -67,12 +74,36 @@ def test_backward_compares_the_two_backward_passes():
     assert s["flops"] == traffic.attention_flops(1, 1, 1024, 1024, 64, causal=True, pass_="bwd")
 
 
-def test_auto_blocks_give_the_outer_loop_the_large_block():
+def test_paper_rule_gives_the_outer_loop_the_large_block():
     b_r, b_c = traffic.block_sizes(100 * 1024, 64, 2)
     assert b_c > b_r
     for algorithm, expected in [("fa1", (b_r, b_c)), ("backward", (b_r, b_c)), ("fa2", (b_c, b_r))]:
-        s = viz.explorer_state(N=4096, d=64, algorithm=algorithm, sram_kib=100)
+        s = viz.explorer_state(N=4096, d=64, algorithm=algorithm, sram_kib=100, tile_rule="paper")
         assert (s["block_m"], s["block_n"]) == expected, algorithm
+
+
+@pytest.mark.parametrize("gpu", list(traffic.GPUS))
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("algorithm", ["fa1", "fa2", "backward"])
+def test_default_tiles_are_powers_of_two_that_fit(gpu, d, algorithm):
+    s = viz.explorer_state(gpu=gpu, d=d, algorithm=algorithm)
+    bm, bn = s["block_m"], s["block_n"]
+    assert s["fits"] and s["tile_rule"] == "fit", s["tiles"].explain()
+    assert all(b in (16, 32, 64, 128) for b in (bm, bn))
+    # no larger power of two on the outer loop's side would fit
+    outer = (
+        dict(block_m=2 * bm, block_n=16) if algorithm == "fa2" else dict(block_m=16, block_n=2 * bn)
+    )
+    if max(outer.values()) <= 128:
+        assert not viz.explorer_state(gpu=gpu, d=d, algorithm=algorithm, **outer)["fits"]
+
+
+def test_default_tiles_report_both_rules_for_the_chapters():
+    t = viz.default_tiles("H200", 64)
+    assert (t["fit"].block_m, t["fit"].block_n, t["fit"].fits) == (128, 128, True)
+    assert (t["paper"].block_m, t["paper"].block_n, t["paper"].fits) == (454, 64, False)
+    assert t["paper"].explain().endswith("303.3 KiB of 227.0 KiB, 34% over: does NOT fit")
+    assert "fits" in t["fit"].explain()
 
 
 def test_sram_tiles_and_fit():
@@ -84,7 +115,7 @@ def test_sram_tiles_and_fit():
     assert "does NOT fit" in widgets.explorer_details_html(big)
     assert viz.explorer_state(algorithm="naive")["sram_tiles"] == {}
     auto = viz.explorer_state(
-        algorithm="fa1", d=64, sram_kib=227
+        algorithm="fa1", d=64, sram_kib=227, tile_rule="paper"
     )  # the paper's rule overshoots a little
     assert auto["auto_blocks"] and not auto["fits"]
     assert "% over: the paper's rule" in widgets.explorer_details_html(auto)
@@ -159,15 +190,22 @@ def test_roofline_points_place_standard_and_flash():
     pts = viz.roofline_points("H100-SXM", N=8192, d=64)
     s = viz.explorer_state(N=8192, d=64, gpu="H100-SXM", algorithm="fa2")
     flops = traffic.attention_flops(1, 1, 8192, 8192, 64)
+    exps = traffic.exp_count(1, 1, 8192, 8192)
     assert pts["standard"] == traffic.roofline(
-        flops, traffic.naive_forward(1, 1, 8192, 8192, 64).total_bytes, "H100-SXM"
+        flops, traffic.naive_forward(1, 1, 8192, 8192, 64).total_bytes, "H100-SXM", exps=exps
     )
-    assert pts["flash"] == traffic.roofline(flops, s["flash"].total_bytes, "H100-SXM")
-    assert pts["standard"].bound == "memory" and pts["flash"].bound == "compute"
+    assert pts["flash"] == traffic.roofline(flops, s["flash"].total_bytes, "H100-SXM", exps=exps)
+    # With 128 x 128 tiles that fit, the counting model leaves flash just below the ridge (about
+    # 2 block_m / itemsize FLOP/B): four times the standard intensity, still memory-bound.
+    assert pts["standard"].bound == pts["flash"].bound == "memory"
+    assert pts["flash"].intensity > 3.9 * pts["standard"].intensity
+    paper = viz.explorer_state(N=8192, d=64, gpu="H100-SXM", tile_rule="paper")["roofline"]
+    assert paper.bound == "compute"  # the paper's 454-row tiles would be, if they fitted
 
 
 def test_roofline_widget_moves_its_points():
     w = widgets.roofline_plot(gpu="H200", N=4096)
+    assert "exponentials" in w.html.value  # the H200 preset cites its special-function rate
     ax = w.figure.axes[0]
     dots = [line for line in ax.lines if line.get_marker() == "o"]
     for line, r in zip(dots, w.points.values()):
@@ -175,7 +213,7 @@ def test_roofline_widget_moves_its_points():
         assert line.get_ydata()[0] == pytest.approx(r.flops / r.time / 1e12)
     w.controls["gpu"].value = "A100-40GB"
     assert w.points == viz.roofline_points("A100-40GB", N=4096)
-    assert "memory-bound" in w.html.value and "compute-bound" in w.html.value
+    assert w.html.value.count("memory-bound") == 2 and "exponentials" not in w.html.value
     w.controls["N"].value = 128
     assert w.points["standard"].flops == traffic.attention_flops(1, 1, 128, 128, 64)
 
