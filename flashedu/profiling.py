@@ -201,30 +201,37 @@ class OpRow:
     name: str  # aten operator, e.g. "aten::bmm"
     calls: int
     self_ms: float  # time inside the operator itself, children excluded
-    self_bytes: int  # memory the operator allocated itself (CPU), net of what it freed
+    self_bytes: int  # CPU memory the operator allocated itself in all its calls, net of what it
+    # freed inside them (a result freed later, outside the operator, still counts)
 
 
 def op_rows(prof) -> list[OpRow]:
-    """One row per operator of a `profile_ops` run, in the profiler's order."""
+    """One row per operator of a `profile_ops` run, in the profiler's order. The profiler's
+    "[memory]" rows (frees outside any operator) are left out: they are not operators."""
     return [
         OpRow(e.key, e.count, e.self_cpu_time_total / 1e3, int(e.self_cpu_memory_usage))
         for e in prof.key_averages()
+        if not e.key.startswith("[")
     ]
 
 
 def op_table(rows: list[OpRow], *, by: str = "time", limit: int = 8, times: bool = True) -> str:
-    """The top `limit` operators by self time ("time") or self memory ("memory"), as a table.
-    times=False leaves the time column out (memory counts repeat from run to run; times do not)."""
+    """The top `limit` operators by self time ("time") or memory allocated ("memory"), as a table:
+    calls, self ms, bytes allocated in all calls and per call. times=False leaves the time column
+    out (the memory columns repeat from run to run; times do not)."""
     keys = {"time": lambda r: (-r.self_ms, r.name), "memory": lambda r: (-r.self_bytes, r.name)}
     if by not in keys:
         raise ValueError(f"op_table: by must be 'time' or 'memory', got {by!r}")
     top = sorted(rows, key=keys[by])[:limit]
     width = max([len("operator")] + [len(r.name) for r in top])
     head = f"{'operator':<{width}}  {'calls':>6}" + (f"  {'self ms':>9}" if times else "")
-    lines = [head + f"  {'self memory':>12}"]
+    lines = [head + f"  {'allocated':>11}  {'per call':>10}"]
     for r in top:
         ms = f"  {r.self_ms:>9.2f}" if times else ""
-        lines.append(f"{r.name:<{width}}  {r.calls:>6}{ms}  {_fmt_bytes(r.self_bytes):>12}")
+        each = _fmt_bytes(r.self_bytes // r.calls) if r.calls else "-"
+        lines.append(
+            f"{r.name:<{width}}  {r.calls:>6}{ms}  {_fmt_bytes(r.self_bytes):>11}  {each:>10}"
+        )
     return "\n".join(lines)
 
 

@@ -67,8 +67,10 @@ def test_op_rows_count_the_operators_and_their_memory():
     assert rows["aten::bmm"].calls == 2  # Q K^T and P V
     assert rows["aten::_softmax"].self_bytes == 2 * 256 * 256 * 4  # P: (1, 2, N, N) float32
     table = profiling.op_table(list(rows.values()), by="memory", times=False)
-    assert table.splitlines()[0].split() == ["operator", "calls", "self", "memory"]
-    assert "512.00 KiB" in table and "ms" not in table
+    assert table.splitlines()[0].split() == ["operator", "calls", "allocated", "per", "call"]
+    bmm = next(line for line in table.splitlines() if line.startswith("aten::bmm"))
+    assert bmm.split()[1:] == ["2", "576.00", "KiB", "288.00", "KiB"]  # S 512 KiB, then O 64 KiB
+    assert "ms" not in table
 
 
 def test_op_table_names_a_bad_order():
