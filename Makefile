@@ -6,11 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8888
-# Notebooks in course order, read from the manifest.
-NOTEBOOKS = $(shell $(PYTHON) -c "import tomllib; print(' '.join(c['notebook'] for c in tomllib.load(open('book.toml','rb'))['chapter']))")
+# Notebooks in course order, as the package reads them from book.toml (expanded in recipes, after
+# `install` has built the venv).
+NOTEBOOKS = $(shell $(PY) -m flashedu.course notebooks)
 NBVAL = --nbval --nbval-current-env --nbval-sanitize-with .ci/nbval-sanitize.cfg -p no:cacheprovider
+LINTED = flashedu tests .ci/resolve-pins
 
-.PHONY: install browser lab test test-unit test-notebooks test-browser book bench clean
+.PHONY: install browser lab test lint test-unit test-notebooks test-browser pins book bench clean
 
 install: $(STAMP)
 
@@ -37,8 +39,13 @@ lab: install
 	  --ServerApp.root_dir=$(CURDIR) $(firstword $(NOTEBOOKS))
 
 test: install browser
-	@echo "==> unit tests, notebooks (nbval) and the browser test"
-	$(MAKE) --no-print-directory test-unit test-notebooks test-browser
+	@echo "==> lint (ruff), unit tests, notebooks (nbval) and the browser test"
+	$(MAKE) --no-print-directory lint test-unit test-notebooks test-browser
+
+# ruff, pinned in requirements.txt and configured in pyproject.toml (100 columns).
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 test-unit: install
 	$(PY) -m pytest tests -m "not browser" -q -p no:cacheprovider
@@ -48,6 +55,10 @@ test-notebooks: install
 
 test-browser: install
 	$(PY) -m pytest tests -m browser -q -p no:cacheprovider -rs
+
+# pip's resolver accepts every environment file's pins on Linux x86-64 (needs the package index).
+pins: install
+	$(PY) .ci/resolve-pins
 
 # The static course in _build/html (Jupyter Book 1, pinned in requirements-book.txt; MathJax and the widget
 # bundle come from the npm registry and are served locally). BOOK_ARGS=--no-execute renders stored outputs.

@@ -1,4 +1,5 @@
-"""Environment set-up that must run before anything imports `triton`.
+"""Where the package runs: the Triton interpreter flag, set before anything imports `triton`, and
+the repository's root.
 
 Triton's interpreter (`TRITON_INTERPRET=1`) runs the same `@triton.jit` kernels on CPU tensors, so
 the course's Triton chapters work on a laptop. The variable is read when `triton.jit` decorates a
@@ -9,6 +10,9 @@ CUDA device exists and the user has not chosen either way.
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository: book.toml, notebooks/, tests/
 
 
 def _cuda_available() -> bool:

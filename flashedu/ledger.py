@@ -4,7 +4,7 @@ An instrumented algorithm (`naive`, `tiled`) reports every transfer to a `Ledger
 S, P, O, lse, dO, ...), direction ("read" = HBM -> SRAM, "write" = SRAM -> HBM) and bytes. A
 measured Triton run (`traffic.measure`) fills the same kind of ledger from the kernel's own loads
 and stores, and the closed forms of `flashedu.traffic` return the same `Traffic` record, so all
-three can be compared byte for byte.
+three can be compared byte for byte; `compare` says in words where they differ.
 
 This module sits below `traffic` and the kernel measurement so that neither imports the other.
 Introduced in notebooks/00_memory_hierarchy.ipynb; `flashedu.traffic` re-exports everything here.
@@ -176,3 +176,69 @@ def combine(*parts: Traffic) -> Traffic:
         for k, v in t.writes.items():
             writes[k] += v
     return Traffic(reads, writes)
+
+
+# ---------------------------------------------------------------------------- measured vs model
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One tensor and direction where a measured run and a model disagree; `text` says how."""
+
+    tensor: str
+    direction: str
+    measured: int
+    model: int
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def compare(measured, model: Traffic, *, axis_names: tuple[str, ...] = ()) -> list[Difference]:
+    """Per tensor and direction, where `measured` (a `traffic.Measurement`, a Ledger or a Traffic)
+    moves other bytes than `model` (a Traffic from the closed forms); [] when they agree byte for
+    byte.
+
+    With a Measurement the text counts how many times the tensor was moved and says why, from the
+    addresses each program touched: "your kernel read Q twice (8,192 B of a 4,096 B tensor); the
+    model reads it once: each program loaded the same elements of Q 2 times", or, for a tensor
+    shared by programs, "... once per program along grid axis 0" (name the axes with
+    axis_names=("query block", "batch x head") to read "once per query block")."""
+    m = measured.traffic() if hasattr(measured, "traffic") else measured
+    out = []
+    pairs = (("read", m.reads, model.reads), ("write", m.writes, model.writes))
+    for direction, mine, theirs in pairs:
+        for name in sorted(set(mine) | set(theirs), key=tensor_order):
+            a, b = mine.get(name, 0), theirs.get(name, 0)
+            if a != b:
+                text = _explain(measured, name, direction, a, b, axis_names)
+                out.append(Difference(name, direction, a, b, text))
+    return out
+
+
+def _times(t: float) -> str:
+    if t == int(t):
+        return {1: "once", 2: "twice"}.get(int(t), f"{int(t)} times")
+    return f"{t:.2f} times"
+
+
+def _explain(measured, name, direction, a, b, axis_names) -> str:
+    verb, verb_model = ("read", "reads") if direction == "read" else ("wrote", "writes")
+    info = getattr(measured, "tensors", {}).get(name)
+    if not a:
+        return f"your kernel never {verb} {name}; the model {verb_model} {b:,} B of it"
+    if info is None or not info.nbytes:
+        return f"your kernel {verb} {name} {a:,} B; the model {verb_model} {b:,} B"
+    size = info.nbytes
+    text = f"your kernel {verb} {name} {_times(a / size)} ({a:,} B of a {size:,} B tensor)"
+    text += f"; the model {verb_model} it {_times(b / size)}" if b else "; the model never moves it"
+    within, across, _ = measured.reuse(name, direction)
+    if within > 1:
+        return f"{text}: each program {verb} the same elements of {name} {_times(within)}"
+    for grid in (g for _, g in measured.launches):
+        for axis, n in enumerate(grid):
+            if n > 1 and across == n:
+                what = axis_names[axis] if axis < len(axis_names) else ""
+                return f"{text}: once per {what or f'program along grid axis {axis}'}"
+    return text

@@ -12,7 +12,7 @@ N <= 512, d <= 64, causal and not (forward / gradients), and the tolerance set f
     bfloat16  (8-bit mantissa, about 8x fp16's rounding) -> 3e-2 / 3e-2 (gradients 5e-2)
 
 On a GPU, fp16/bf16 kernels are also held to flash-attn's rule: error at most twice that of
-PyTorch's own same-precision computation on the same inputs (`flashedu/gpu_check.py`).
+PyTorch's own same-precision computation on the same inputs (`flashedu/bench/gpu_check.py`).
 
 Introduced in notebooks/01_naive_attention.ipynb.
 """

@@ -2,10 +2,13 @@
 
 `flashedu.widgets` only wires sliders to these functions, so every number a widget shows can be
 checked without a browser: `explorer_state` (bytes by tensor and direction, the standard/flash
-ratio, the roofline), `roofline_points` (where standard and flash attention sit on a preset's
-roofline) and `stepper_frames` (the tile-by-tile replay of a `traffic.Ledger` filled by
-`tiled.forward`). The `draw_*` functions turn those results into matplotlib Figures (no pyplot, no
-global state), `png` into bytes for an image widget.
+ratio, the roofline with its exponentials' ceiling, the tiles and whether they fit),
+`default_tiles` (the tiles each rule picks for a preset), `roofline_points` (where standard and
+flash attention sit on a preset's roofline) and `stepper_frames` (the tile-by-tile replay of a
+`traffic.Ledger` filled by `tiled.forward`). The `draw_*` functions turn those results into
+matplotlib Figures (no pyplot, no global state), `png` into bytes for an image widget. Re-exported
+here: the measured-run replay (`flashedu.replay`) and the chapter figures (`flashedu.figures`:
+`show_block_map`, `tflops_panels`, `cpu_table`).
 
 Limits: the byte counts are the closed forms of `flashedu.traffic` (HBM traffic only; caches, L2
 reuse and achievable bandwidth are out of scope), and the roofline gives a lower bound on time, not
@@ -25,6 +28,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from . import traffic
+from .figures import (  # noqa: F401  (re-exported: the chapters call them as viz.*)
+    KIND_CODE,
+    KIND_COLORS,
+    cpu_table,
+    show_block_map,
+    tflops_panels,
+)
+from .replay import draw_measured, draw_program, measured_state, program_frames  # noqa: F401
 
 ALGORITHMS = {
     "naive": "standard attention, forward (S and P through HBM)",

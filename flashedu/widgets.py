@@ -6,7 +6,10 @@
 * `roofline_plot(gpu="H200", ...)`: standard and flash attention placed on a preset's roofline.
 * `tile_stepper(N_q=..., N_k=..., ...)`: play/step through the ledger that `tiled.forward` fills:
   which Q and K/V blocks sit in SRAM, which S tile is computed or skipped, the running m and l,
-  bytes so far.
+  bytes so far; with `measured=True` (or your launcher) also what a Triton kernel's program really
+  moved for each tile.
+* `measured_explorer(run)`: a Triton kernel's measured bytes per tensor beside the closed form,
+  and its programs one by one (`flashedu.measured_widgets`).
 
 Every number shown comes from a pure function in `flashedu.viz` (which reads `flashedu.traffic`),
 and each widget keeps its last result in `.state` (or `.frames`) and its last figure in `.figure`,
@@ -24,7 +27,8 @@ import math
 import ipywidgets as W
 import numpy as np
 
-from . import traffic, viz
+from . import replay, traffic, viz
+from .measured_widgets import MeasuredExplorer, measured_explorer  # noqa: F401  (re-exported)
 from .nb import fmt_bytes
 
 _WIDE = {"description_width": "110px"}
@@ -349,7 +353,17 @@ class TileStepper(W.VBox):
     `.figure`."""
 
     def __init__(
-        self, *, N_q=40, N_k=40, d=16, block_m=8, block_n=8, causal=False, order="fa2", seed=0
+        self,
+        *,
+        N_q=40,
+        N_k=40,
+        d=16,
+        block_m=8,
+        block_n=8,
+        causal=False,
+        order="fa2",
+        seed=0,
+        measured=None,
     ):
         from . import testing, tiled
 
@@ -372,6 +386,11 @@ class TileStepper(W.VBox):
         )
         self.frames = viz.stepper_frames(self.ledger)
         self._geometry, self.order = (N_q, N_k, block_m, block_n), order
+        self.measurement, self.measured_steps = None, None
+        if measured is not None and measured is not False:
+            blocks = (block_m, block_n)
+            self.measurement = _measure_stepper(measured, (q, k, v), causal, order, *blocks)
+            self.measured_steps = replay.tile_measurements(self.measurement, self.frames)
         n = len(self.frames)
         self.play = W.Play(min=0, max=n - 1, interval=800, description="play")
         self.slider = W.IntSlider(min=0, max=n - 1, description="step", readout=False)
@@ -397,6 +416,55 @@ class TileStepper(W.VBox):
         self.figure = viz.draw_tiles(frame, *self._geometry, order=self.order)
         self.image.value = viz.png(self.figure)
         self.html.value = stepper_html(frame, self.frames, self.order)
+        if self.measured_steps is not None:
+            self.html.value += measured_step_html(
+                self.measured_steps[self.slider.value], self.measurement, self.slider.value
+            )
+
+
+def _measure_stepper(measured, qkv, causal, order, block_m, block_n) -> traffic.Measurement:
+    """The stepper's inputs run through a Triton forward under `traffic.measure`: the package's
+    kernel (measured=True), the learner's launcher fn(q, k, v, causal=, block_m=, block_n=), or a
+    Measurement already taken on the same inputs."""
+    if isinstance(measured, traffic.Measurement):
+        return measured
+    if order != "fa2":
+        raise ValueError(f"tile_stepper: measured runs replay the FA2 order, got order={order!r}")
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if b < 16 or b & (b - 1):
+            raise ValueError(
+                f"tile_stepper: a measured Triton run needs {name} a power of two >= 16, got {b}"
+            )
+    import torch
+
+    q, k, v = (torch.from_numpy(x) for x in qkv)
+    if measured is True:
+        from . import triton_attention
+
+        measured = triton_attention.forward
+    if not callable(measured):
+        raise TypeError(
+            "tile_stepper: measured must be True (the package's Triton forward), a launcher "
+            f"fn(q, k, v, causal=, block_m=, block_n=) or a traffic.Measurement, got {measured!r}"
+        )
+    with traffic.measure(per_program=True) as m:
+        measured(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
+    return m
+
+
+def measured_step_html(moved: list, measurement: traffic.Measurement, step: int) -> str:
+    """The stepper's line on the measured kernel: what its program moved for this tile, and, on
+    the way, the bytes so far against the measured total."""
+    what = (
+        ", ".join(f"{'read' if dn == 'read' else 'wrote'} {t} {n:,} B" for t, dn, n in moved)
+        or "nothing (tile skipped)"
+    )
+    total = measurement.traffic().total_bytes
+    return (
+        "<div class='fe-measured' style='line-height:1.45;color:#2d5f8b'>"
+        f"measured Triton kernel, this tile: {what}; whole run "
+        f"<b class='fe-measured-total' data-bytes='{total}'>{total:,}</b> bytes</div>"
+    )
 
 
 def tile_stepper(
@@ -408,10 +476,16 @@ def tile_stepper(
     causal: bool = False,
     order: str = "fa2",
     seed: int = 0,
+    measured=None,
 ) -> TileStepper:
     """Replay `tiled.forward` tile by tile on random (1, 1, N, d) inputs, from its real traffic
-    ledger."""
+    ledger. measured=True runs flashedu's Triton forward on the same inputs under
+    `traffic.measure` and shows, at each tile, what the kernel's program moved beside the model;
+    pass your own launcher fn(q, k, v, causal=, block_m=, block_n=) (torch CPU tensors, under the
+    interpreter) to replay your kernel instead. Measured runs need the FA2 order and power-of-two
+    blocks >= 16."""
     return TileStepper(
+        measured=measured,
         N_q=N_q,
         N_k=N_k,
         d=d,

@@ -16,9 +16,8 @@ import types
 import numpy as np
 import pytest
 
-import flashedu
 from flashedu import IMPLEMENTATIONS, bench, naive
-from flashedu import __main__ as cli
+from flashedu.bench import __main__ as cli
 from flashedu.registry import Implementation
 from flashedu.traffic import attention_flops
 
@@ -39,7 +38,7 @@ def _buggy(name, fn):
 
 def test_quick_sweep_checks_times_and_writes_json(tmp_path):
     out = tmp_path / "r.json"
-    rc = cli.bench_main(
+    rc = cli.main(
         ["--quick", "--cpu", "--bwd", "--out", str(out), "--impls", ",".join(bench.CPU_IMPLS)]
     )
     assert rc == 0
@@ -208,7 +207,7 @@ def test_gpu_path_calls_bench_gpu(refused, rc, tmp_path, monkeypatch, capsys):
         calls.append((quick, out))
         return {
             "meta": {},
-            "timing": [],
+            "timing": [{"impl": "sdpa-flash"}],
             "refused": [
                 {
                     "impl": i,
@@ -222,16 +221,16 @@ def test_gpu_path_calls_bench_gpu(refused, rc, tmp_path, monkeypatch, capsys):
         }
 
     fake = types.SimpleNamespace(run=run)
-    monkeypatch.setitem(sys.modules, "flashedu.bench_gpu", fake)
-    monkeypatch.setattr(flashedu, "bench_gpu", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "flashedu.bench.gpu", fake)
+    monkeypatch.setattr(bench, "gpu", fake, raising=False)
     monkeypatch.setattr(cli, "_gpu_name", lambda: "NVIDIA H200")
-    assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == rc
+    assert cli.main(["--quick", "--out", str(tmp_path)]) == rc
     assert calls == [(True, tmp_path / "h200_attention.json")]
     printed = capsys.readouterr().out
     assert all(f"refused {i} bfloat16 d=64" in printed for i in refused)
     assert f"wrote {tmp_path / 'h200_attention.json'}" in printed
     assert (
-        cli._gpu_out(None, "NVIDIA H100 80GB HBM3")
+        cli.gpu_out(None, "NVIDIA H100 80GB HBM3")
         == bench.RESULTS / "h100_80gb_hbm3_attention.json"
     )
 
@@ -267,3 +266,48 @@ def test_command_line_entry_points(tmp_path):
         [sys.executable, "-m", "flashedu", "nope"], capture_output=True, text=True, timeout=60
     )
     assert usage.returncode == 2 and "bench" in usage.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--impls", "nosuch"], "choose from naive, tiled, torch_tiled, sdpa"),
+        (["--impls", ","], "got nothing"),
+        (["--repeats", "-3"], "--repeats: must be > 0, got -3"),
+        (["--repeats", "two"], "expected an int, got 'two'"),
+        (["--N", "64", "-5"], "--N: must be > 0, got -5"),
+        (["--d", "0"], "--d: must be > 0"),
+        (["--max-mem-gib", "-1"], "--max-mem-gib: must be > 0"),
+        (["--seed", "-1"], "--seed: must be >= 0"),
+    ],
+)
+def test_bad_flags_are_refused_before_anything_runs(flags, words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--cpu", *flags])
+    assert exit_.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_nothing_timed_is_a_failure(tmp_path, monkeypatch, capsys):
+    """A sweep whose every case is skipped (here: over a tiny memory budget) exits 1."""
+    rc = cli.main(
+        [
+            "--cpu",
+            "--impls",
+            "naive",
+            "--N",
+            "512",
+            "--max-mem-gib",
+            "1e-9",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    assert rc == 1 and "nothing was timed" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "_gpu_name", lambda: "NVIDIA H200")
+    fake = types.SimpleNamespace(run=lambda quick=False, out=None: {"timing": [], "refused": []})
+    monkeypatch.setitem(sys.modules, "flashedu.bench.gpu", fake)
+    monkeypatch.setattr(bench, "gpu", fake, raising=False)
+    assert cli.main(["--out", str(tmp_path)]) == 1

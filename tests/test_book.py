@@ -1,6 +1,6 @@
-"""The static build's generation logic (flashedu/book.py): config, table of contents and landing
-page come from book.toml; assets are pinned and checked. The full `make book` is not run here (it
-executes every chapter); these tests build nothing with Sphinx."""
+"""The static build's generation logic (flashedu/course/book.py): config, table of contents and
+landing page come from book.toml; assets are pinned and checked. The full `make book` is not run
+here (it executes every chapter); these tests build nothing with Sphinx."""
 
 import io
 import json
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flashedu import book, course
+from flashedu import course
+from flashedu.course import book
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,10 +1,11 @@
 """The one real-browser test: JupyterLab on 127.0.0.1, Debian's Chromium driven by Playwright.
 
-It writes a small notebook that shows the traffic explorer and the tile stepper, serves it with
-JupyterLab (a token, a free port, a throwaway config), runs it, moves the N slider with the keyboard
-on the real widget and checks that the HBM byte count on the page becomes what `flashedu.traffic`
-computes; then presses the stepper's step button and checks the bytes against the ledger of
-`tiled.forward`. Screenshots go to test-artifacts/.
+It writes a small notebook that shows the traffic explorer, the tile stepper and the measured
+explorer, serves it with JupyterLab (a token, a free port, a throwaway config), runs it, moves the N
+slider with the keyboard on the real widget and checks that the HBM byte count on the page becomes
+what `flashedu.traffic` computes; presses the stepper's step button and checks the bytes against
+the ledger of `tiled.forward`; then checks that the measured replay of the Triton forward shows the
+closed form's bytes and steps to its next program. Screenshots go to test-artifacts/.
 A second test checks that `make lab` serves JupyterLab. Run with `make test-browser` (pytest -m
 browser).
 
@@ -54,7 +55,11 @@ explorer""",
     """\
 stepper = widgets.tile_stepper(N_q=40, N_k=40, d=16, block_m=8, block_n=8, causal=True)
 stepper""",
+    """\
+measured = widgets.measured_explorer("forward", N_q=64, N_k=64, d=32, block_m=16, block_n=16)
+measured""",
 ]
+MEASURED = dict(B=1, H=2, N_q=64, N_k=64, d=32, block_m=16, block_n=16)  # the third cell's run
 
 
 def _chromium() -> str:
@@ -211,8 +216,8 @@ def test_moving_the_n_slider_updates_the_traffic_shown(lab, tmp_path):
                 KERNEL_READY, timeout=60_000
             )  # a cell run before this is dropped
             page.locator(".jp-Cell .jp-InputArea-editor").first.click()
-            page.keyboard.press("Shift+Enter")  # run the explorer cell, move to the stepper cell
-            page.keyboard.press("Shift+Enter")
+            for _ in NOTEBOOK:  # run every cell: explorer, stepper, measured replay
+                page.keyboard.press("Shift+Enter")
             total = page.locator(".fe-total")
             total.wait_for(timeout=60_000)
             assert _bytes_shown(page) == traffic.naive_forward(1, 1, 1024, 1024, 64).total_bytes
@@ -237,6 +242,7 @@ def test_moving_the_n_slider_updates_the_traffic_shown(lab, tmp_path):
                 path=str(ARTIFACTS / "traffic_explorer.png")
             )
             _step_five_times(page)
+            _measured_replay(page)
             page.screenshot(path=str(ARTIFACTS / "jupyterlab_page.png"))
         finally:
             context.close()
@@ -271,6 +277,31 @@ def _step_five_times(page) -> None:
     assert "step 6 of 25: S tile (1, 0)" in page.locator(".fe-stepper").inner_text()
     page.locator(".jp-OutputArea-output").nth(1).screenshot(
         path=str(ARTIFACTS / "tile_stepper.png")
+    )
+
+
+def _measured_replay(page) -> None:
+    """The measured explorer shows the Triton forward's bytes, equal to the closed form, and its
+    "▶" button moves to the kernel's second program (two programs' bytes so far)."""
+    m = MEASURED
+    model = traffic.flash_forward(
+        m["B"], m["H"], m["N_q"], m["N_k"], m["d"], block_m=m["block_m"], block_n=m["block_n"]
+    )
+    shown = page.locator(".fe-measured-total")
+    shown.wait_for(timeout=120_000)  # the kernel runs under the interpreter in the notebook
+    assert int(shown.get_attribute("data-bytes")) == model.total_bytes
+    assert "equal to the model, byte for byte" in page.locator(".fe-measured").inner_text()
+    program = page.locator(".fe-program-total")
+    per_program = model.total_bytes // (m["N_q"] // m["block_m"] * m["B"] * m["H"])  # all alike
+    assert int(program.get_attribute("data-bytes")) == per_program
+    page.get_by_role("button", name="▶", exact=True).click()
+    page.wait_for_function(
+        f"document.querySelector('.fe-program-total').dataset.bytes === '{2 * per_program}'",
+        timeout=30_000,
+    )
+    assert "program 2 of 8" in page.locator(".fe-program").inner_text()
+    page.locator(".jp-OutputArea-output").nth(2).screenshot(
+        path=str(ARTIFACTS / "measured_explorer.png")
     )
 
 

@@ -1,9 +1,11 @@
-"""Chapter 01 graders: the solution passes, each planted bug fails with a line that names it."""
+"""Chapter 01 graders: a learner's solution passes, each planted bug is named, flashedu's own
+implementation is rejected by name."""
 
 import numpy as np
 import pytest
 
 from flashedu import checks, naive, traffic
+from flashedu.testing import run_grader
 
 
 def _attention(q, k, v, causal=False, *, scale=True, offset=True, safe=True, axis=-1):
@@ -19,46 +21,41 @@ def _attention(q, k, v, causal=False, *, scale=True, offset=True, safe=True, axi
         return (p / p.sum(axis=axis, keepdims=True)) @ v
 
 
-def _quiet(*a, **k):
-    pass
-
-
-def test_naive_attention_accepts_the_solution():
-    assert checks.naive_attention(
-        lambda q, k, v, causal=False: naive.forward(q, k, v, causal=causal)[0], seed=0, out=_quiet
-    ).passed
-    assert checks.naive_attention(_attention, seed=1, out=_quiet).passed
+def test_naive_attention_accepts_a_learners_solution():
+    assert run_grader(checks.naive_attention, _attention, seed=1)[0].passed
 
 
 @pytest.mark.parametrize(
-    "bug,kw,words",
+    "kw,words",
     [
-        ("no 1/sqrt(d)", {"scale": False}, "1/sqrt(d)"),
-        ("top-left causal", {"offset": False}, "causal offset"),
-        ("no max subtraction", {"safe": False}, "subtract the row max"),
-        ("softmax over queries", {"axis": -2}, "last axis"),
+        ({"scale": False}, "not scaled by 1/sqrt(d)"),
+        ({"offset": False}, "top-left aligned"),
+        ({"safe": False}, "the row max was not subtracted"),
+        ({"axis": -2}, "normalises over the queries"),
     ],
 )
-def test_naive_attention_names_each_planted_bug(bug, kw, words):
-    report = checks.naive_attention(
-        lambda q, k, v, causal=False: _attention(q, k, v, causal, **kw), seed=2, out=_quiet
+def test_naive_attention_names_each_planted_bug(kw, words):
+    report, text = run_grader(
+        checks.naive_attention, lambda q, k, v, causal=False: _attention(q, k, v, causal, **kw), 2
     )
-    assert not report.passed, bug
-    assert words in report.text, report.text
+    assert not report.passed and words in report.diagnosis, text
+    assert text.count("what is wrong") == 1
 
 
-def test_stub_reports_not_attempted():
-    lines = []
+def test_naive_attention_rejects_flashedus_own():
+    def package(q, k, v, causal=False):
+        return naive.forward(q, k, v, causal=causal)[0]
 
+    report, _ = run_grader(checks.naive_attention, package, seed=2)
+    assert report.diagnosis.startswith("called flashedu.naive.forward")
+
+
+def test_stub_reports_not_attempted_and_nothing_else():
     def stub(q, k, v, causal=False):
         raise NotImplementedError
 
-    report = checks.naive_attention(stub, out=lines.append)
-    assert (
-        not report.attempted
-        and "not attempted yet" in lines[0]
-        and "flashedu.naive.forward" in lines[0]
-    )
+    report, text = run_grader(checks.naive_attention, stub)
+    assert not report.attempted and text == "naive_attention: not attempted yet"
 
 
 def _bytes(B, H, N, d, e, *, sp_twice=True, per_head=True):
@@ -66,10 +63,23 @@ def _bytes(B, H, N, d, e, *, sp_twice=True, per_head=True):
     return bh * e * (4 * N * d + (4 if sp_twice else 2) * N * N)
 
 
-def test_naive_hbm_bytes_grades_solution_and_bugs():
-    assert checks.naive_hbm_bytes(_bytes, seed=0, out=_quiet).passed
-    r = checks.naive_hbm_bytes(lambda *a: _bytes(*a, sp_twice=False), seed=0, out=_quiet)
-    assert not r.passed and "cross HBM twice" in r.text
-    r = checks.naive_hbm_bytes(lambda *a: _bytes(*a, per_head=False), seed=0, out=_quiet)
-    assert not r.passed and "every (batch, head) pair" in r.text
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"sp_twice": False}, "S and P were counted once each"),
+        ({"per_head": False}, "only one (batch, head) pair was counted"),
+    ],
+)
+def test_naive_hbm_bytes_grades_a_solution_and_names_bugs(kw, words):
+    assert run_grader(checks.naive_hbm_bytes, _bytes, seed=0)[0].passed
+    report, _ = run_grader(checks.naive_hbm_bytes, lambda *a: _bytes(*a, **kw), seed=0)
+    assert not report.passed and words in report.diagnosis
+
+
+def test_naive_hbm_bytes_rejects_the_traffic_model():
+    def package(B, H, N, d, e):
+        return traffic.naive_forward(B, H, N, N, d, itemsize=e).total_bytes
+
+    report, _ = run_grader(checks.naive_hbm_bytes, package, seed=0)
+    assert report.diagnosis.startswith("called flashedu.traffic.naive_forward")
     assert traffic.naive_forward(1, 1, 8, 8, 4).writes["lse"] == 8 * 4

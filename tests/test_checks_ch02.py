@@ -1,52 +1,93 @@
-"""Chapter 02 graders: the solutions pass, each planted bug fails with a line that names it."""
+"""Chapter 02 graders: a learner's solutions pass, each planted bug is named, and each shortcut
+(a second pass, kept blocks, flashedu's own softmax) is rejected by name."""
+
+import types
 
 import numpy as np
 import pytest
 
 from flashedu import checks, softmax
+from flashedu.checks import ch02
+from flashedu.testing import run_grader
 
 
-def _quiet(*a, **k):
-    pass
-
-
-def _online(x, *, rescale=True, m0=-np.inf, shift=True, guard=True):
-    """One pass over the columns, with switches that plant the classic mistakes."""
-    m = np.full(x.shape[0], m0)
-    l = np.zeros(x.shape[0])
+def _online(blocks, *, rescale=True, m0=-np.inf, shift=True, guard=True, per_column=False):
+    """One pass over the blocks, as a learner writes it, with switches that plant mistakes."""
+    m, l = np.full(blocks.shape[0], m0), np.zeros(blocks.shape[0])
     with np.errstate(all="ignore"):
-        for j in range(x.shape[1]):
-            m_new = np.maximum(m, x[:, j])
-            ref = m_new if shift else 0.0
-            alpha = np.exp(m - m_new) if rescale else 1.0
-            if guard:
-                alpha = np.where(np.isneginf(m_new), 0.0, alpha)
-            term = np.exp(x[:, j] - ref)
-            l = alpha * l + (np.where(np.isneginf(x[:, j]), 0.0, term) if guard else term)
-            m = m_new
-        m_ref = np.where(np.isneginf(m), 0.0, m) if guard else m
-        p = np.exp(x - (m_ref[:, None] if shift else 0.0))
-        return p / (np.where(l > 0, l, 1.0)[:, None] if guard else l[:, None])
+        for b in blocks:
+            for c in [b[:, j : j + 1] for j in range(b.shape[1])] if per_column else [b]:
+                m_new = np.maximum(m, c.max(axis=1))
+                ref = np.where(np.isneginf(m_new), 0.0, m_new) if guard else m_new
+                ref = ref if shift else np.zeros_like(ref)
+                alpha = np.exp(m - ref) if (rescale and shift) else 1.0
+                l = alpha * l + np.exp(c - ref[:, None]).sum(axis=1)
+                m = m_new
+    return m, l
 
 
-def test_online_softmax_accepts_the_solutions():
-    assert checks.online_softmax(softmax.online_softmax, seed=0, out=_quiet).passed
-    assert checks.online_softmax(_online, seed=1, out=_quiet).passed
+def test_online_softmax_accepts_a_learners_pass_and_the_solutions_code():
+    solution = types.FunctionType(ch02.online_stats.__code__, ch02.online_stats.__globals__)
+    assert run_grader(checks.online_softmax, _online, seed=0)[0].passed
+    assert run_grader(checks.online_softmax, solution, seed=1)[0].passed
 
 
 @pytest.mark.parametrize(
     "kw,words",
     [
-        ({"rescale": False}, "rescale l by exp(m - m')"),
-        ({"m0": 0.0}, "start the running max at -inf, not 0"),
-        ({"shift": False}, "exp(1e4) overflows"),
-        ({"guard": False}, "a row with no finite entry must give zeros"),
+        ({"rescale": False}, "l was not rescaled when the running max grew"),
+        ({"m0": 0.0}, "the running max started at 0 instead of -inf"),
+        ({"shift": False}, "exp was taken of the raw scores"),
+        ({"guard": False}, "a row of -inf gives NaN"),
     ],
 )
 def test_online_softmax_names_each_planted_bug(kw, words):
-    report = checks.online_softmax(lambda x: _online(x, **kw), seed=2, out=_quiet)
-    assert not report.passed, kw
-    assert words in report.text, report.text
+    report, text = run_grader(checks.online_softmax, lambda b: _online(b, **kw), seed=2)
+    assert not report.passed and words in report.diagnosis, text
+    assert text.count("what is wrong") == 1
+
+
+def test_a_missing_rescale_is_named_when_the_loop_runs_column_by_column():
+    report, _ = run_grader(
+        checks.online_softmax, lambda b: _online(b, rescale=False, per_column=True), seed=3
+    )
+    assert "l was not rescaled" in report.diagnosis
+
+
+def _two_passes(blocks):
+    m = np.max([b.max(axis=1) for b in blocks], axis=0)
+    return m, sum(np.exp(b - m[:, None]).sum(axis=1) for b in blocks)
+
+
+def _kept(blocks):
+    x = np.concatenate(list(blocks), axis=1)
+    m = x.max(axis=1)
+    return m, np.exp(x - m[:, None]).sum(axis=1)
+
+
+def _copied(blocks):
+    x = np.concatenate([np.array(b) for b in blocks], axis=1)  # copies survive the stream
+    m = x.max(axis=1)
+    return m, np.exp(x - m[:, None]).sum(axis=1)
+
+
+def _package(blocks):
+    return softmax.online_stats(np.concatenate([np.array(b) for b in blocks], axis=1))
+
+
+@pytest.mark.parametrize(
+    "fn,words",
+    [
+        (_two_passes, "read the row twice (walked the blocks a second time)"),
+        (_kept, "read the row twice (used block 0 again"),
+        (_copied, "built a 64x4096 array"),
+        (_package, "called flashedu.softmax.online_stats"),
+    ],
+    ids=["second walk", "blocks kept", "copies kept", "flashedu's softmax"],
+)
+def test_online_softmax_rejects_every_shortcut_by_name(fn, words):
+    report, text = run_grader(checks.online_softmax, fn, seed=4)
+    assert not report.passed and report.diagnosis.startswith(words), text
 
 
 def _merge(a, b, *, rescale_o=True, guard=True, shift=True):
@@ -55,49 +96,48 @@ def _merge(a, b, *, rescale_o=True, guard=True, shift=True):
     ref = (np.where(np.isneginf(m), 0.0, m) if guard else m) if shift else 0.0
     with np.errstate(all="ignore"):
         alpha, beta = np.exp(m_a - ref), np.exp(m_b - ref)
-        l = alpha * l_a + beta * l_b if shift else np.exp(m_a) * l_a + np.exp(m_b) * l_b
+        l = alpha * l_a + beta * l_b
         o = alpha[:, None] * o_a + beta[:, None] * o_b if rescale_o else o_a + o_b
     return m, l, o
 
 
-def test_merge_states_accepts_the_solutions():
-    assert checks.merge_states(softmax.merge, seed=0, out=_quiet).passed
-    assert checks.merge_states(_merge, seed=1, out=_quiet).passed
+def test_merge_states_accepts_a_learners_merge():
+    assert run_grader(checks.merge_states, _merge, seed=0)[0].passed
+    assert run_grader(checks.merge_states, _merge, seed=1)[0].passed
 
 
 @pytest.mark.parametrize(
     "kw,words",
     [
-        ({"rescale_o": False}, "rescale BOTH l and o"),
-        ({"guard": False}, "guard exp(-inf - (-inf)) = NaN"),
-        ({"shift": False}, "exp(m_a) alone overflows"),
+        ({"rescale_o": False}, "o was added without rescaling"),
+        ({"guard": False}, "two fully masked sides give NaN"),
+        ({"shift": False}, "not taken relative to the new max"),
     ],
 )
 def test_merge_states_names_each_planted_bug(kw, words):
-    report = checks.merge_states(lambda a, b: _merge(a, b, **kw), seed=3, out=_quiet)
-    assert not report.passed, kw
-    assert words in report.text, report.text
+    report, text = run_grader(checks.merge_states, lambda a, b: _merge(a, b, **kw), seed=3)
+    assert not report.passed and words in report.diagnosis, text
 
 
-def test_stubs_report_not_attempted():
+def test_merge_states_rejects_flashedus_merge():
+    report, _ = run_grader(checks.merge_states, softmax.merge, seed=3)
+    assert report.diagnosis.startswith("called flashedu.softmax.merge")
+
+
+def test_stubs_report_not_attempted_and_the_formula_comes_on_request():
     def stub(*args):
         raise NotImplementedError("Exercise 2.1")
 
-    for g, ref in (
-        (checks.online_softmax, "flashedu.softmax.online_softmax"),
-        (checks.merge_states, "flashedu.softmax.merge"),
-    ):
+    for g in (checks.online_softmax, checks.merge_states):
+        report, text = run_grader(g, stub)
+        assert not report.attempted and text == f"{g.__name__}: not attempted yet"
         lines = []
-        report = g(stub, out=lines.append)
-        assert not report.attempted and lines == [
-            f"{g.__name__}: not attempted yet (reference: {ref})"
-        ]
+        checks.hint(g, out=lines.append)
+        assert any("exp(" in line for line in lines)
 
 
 def test_graders_draw_fresh_inputs_unless_seeded():
-    a, b, c = [], [], []
-    checks.online_softmax(softmax.online_softmax, seed=5, out=a.append)
-    checks.online_softmax(softmax.online_softmax, seed=5, out=b.append)
-    checks.online_softmax(softmax.online_softmax, out=c.append)
-    assert a == b
-    assert "all cases pass" in c[-1]
+    a = run_grader(checks.online_softmax, _online, seed=5)[1]
+    b = run_grader(checks.online_softmax, _online, seed=5)[1]
+    c = run_grader(checks.online_softmax, _online, seed=None)[1]
+    assert a == b and "all cases pass" in c

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from flashedu import checks, decoding, ring
+from flashedu import checks, decoding, reference, ring
 
 
 def _quiet(*a, **k):
@@ -40,20 +40,22 @@ def _block_kind(
     return "partial"
 
 
-def test_block_kind_accepts_the_solutions():
+def test_block_kind_accepts_a_learners_solution_and_rejects_flashedus():
     for seed in range(5):
-        assert checks.block_kind(decoding.block_kind, seed=seed, out=_quiet).passed
         assert checks.block_kind(_block_kind, seed=seed, out=_quiet).passed
+    report = checks.block_kind(decoding.block_kind, seed=0, out=_quiet)
+    assert report.diagnosis.startswith("called flashedu.")  # where the block rules live
+    assert "block_kind: the exercise asks for your own code" in report.diagnosis
 
 
 @pytest.mark.parametrize(
     "bug,kw,words",
     [
-        ("top-left causal", {"offset": False}, "bottom-right alignment"),
-        ("first row's corner", {"corner": "top-left"}, "LAST row's diagonal"),
+        ("top-left causal", {"offset": False}, "top-left aligned"),
+        ("first row's corner", {"corner": "top-left"}, "judged by its first row's diagonal"),
         ("exclusive window edge", {"inclusive": False}, "the window is inclusive"),
-        ("window ignored", {"window": False}, "keys more than `left` before the diagonal"),
-        ("never full", {"full": False}, "every key is visible: full"),
+        ("window ignored", {"window": False}, "window_size was ignored"),
+        ("never full", {"full": False}, "no block is ever reported full"),
     ],
 )
 def test_block_kind_names_each_planted_bug(bug, kw, words):
@@ -62,65 +64,91 @@ def test_block_kind_names_each_planted_bug(bug, kw, words):
             lambda *a, **k: _block_kind(*a, **k, **kw), seed=seed, out=_quiet
         )
         assert not report.passed, bug
-        assert words in report.text, report.text
+        assert words in report.diagnosis, report.text
 
 
-def _decode(
-    q, k, v, num_splits, *, weighted=True, rescale=True, m0=-np.inf, log_m=True, skip_empty=True
-):
-    """A learner's split-KV decoding: per-split (m, l, o), then the merge; switches plant the
-    mistakes."""
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])  # (B, H, N_q, N_k)
-    size = -(-k.shape[2] // num_splits)
-    chunks = (
-        [(c, c + size) for c in range(0, k.shape[2], size)]
-        if skip_empty
-        else [
-            (c[0], c[-1] + 1) if len(c) else (0, 0)
-            for c in np.array_split(np.arange(k.shape[2]), num_splits)
-        ]
-    )
-    states = []
-    for c0, c1 in chunks:
-        m = np.maximum(s[..., c0:c1].max(axis=-1), m0)  # an empty chunk raises here
-        p = np.exp(s[..., c0:c1] - m[..., None])
-        states.append((m, p.sum(axis=-1), p @ v[:, :, c0:c1]))
-    if not weighted:
-        return np.mean([o / l[..., None] for _, l, o in states], axis=0), np.log(
-            sum(l for _, l, _ in states)
-        )
+def _split_state(q, k, v, *, m0=-np.inf, normalise=False):
+    """One split's state, as a learner writes it, with switches that plant mistakes."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])  # (B, H, N_q, n)
+    m = np.maximum(s.max(axis=-1, initial=-np.inf), m0)
+    m_ref = np.where(np.isneginf(m), 0.0, m)
+    p = np.exp(s - m_ref[..., None])
+    l, o = p.sum(axis=-1), p @ v
+    return m, l, (o / np.where(l > 0, l, 1)[..., None] if normalise else o)
+
+
+def _combine(states, *, weighted=True, rescale=True, log_m=True):
+    """The merge of every split's state, with switches that plant mistakes."""
     m = np.max([m for m, _, _ in states], axis=0)
+    if not weighted:  # the plain mean of each split's output; lse right
+        o = np.mean([o / l[..., None] for _, l, o in states], axis=0)
+        return o, m + np.log(sum(np.exp(m_s - m) * l_s for m_s, l_s, _ in states))
     w = [np.exp(m_s - m) if rescale else np.ones_like(m) for m_s, _, _ in states]
     l = sum(w_s * l_s for w_s, (_, l_s, _) in zip(w, states))
     o = sum(w_s[..., None] * o_s for w_s, (_, _, o_s) in zip(w, states))
     return o / l[..., None], (m if log_m else 0) + np.log(l)
 
 
-def test_split_kv_decode_accepts_the_solutions():
+def _decode(split_state, seed, combine=None):
+    """(report, printed text) of split_kv_decode for a split_state and a combine."""
+    lines = []
+    report = checks.split_kv_decode(split_state, combine, seed=seed, out=lines.append)
+    return report, "\n".join(lines)
+
+
+def test_split_kv_decode_accepts_a_learners_split_and_combine():
     for seed in range(3):
-        assert checks.split_kv_decode(
-            lambda q, k, v, n: decoding.forward(q, k, v, num_splits=n), seed=seed, out=_quiet
-        ).passed
-        assert checks.split_kv_decode(_decode, seed=seed, out=_quiet).passed
+        report, text = _decode(_split_state, seed, _combine)
+        assert report.passed, text
 
 
 @pytest.mark.parametrize(
-    "bug,kw,words",
+    "split_kw,combine_kw,words",
     [
-        ("outputs averaged", {"weighted": False}, "weighted, not averaged"),
-        ("l not rescaled", {"rescale": False}, "rescale each split's l and o"),
-        ("max starts at 0", {"m0": 0.0}, "start the running max at -inf, not 0"),
-        ("lse without m", {"log_m": False}, "lse must be m + log(l)"),
-        ("empty splits", {"skip_empty": False}, "a split with no keys contributes nothing"),
+        ({}, {"weighted": False}, "averaged instead of weighted"),
+        ({}, {"rescale": False}, "without rescaling them to the common max"),
+        ({"m0": 0.0}, {}, "the split's max started at 0"),
+        ({}, {"log_m": False}, "lse is log l without the common max"),
+        ({"normalise": True}, {}, "keeps o unnormalised"),
     ],
+    ids=["averaged", "not rescaled", "max starts at 0", "lse without m", "o normalised"],
 )
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_split_kv_decode_names_each_planted_bug(bug, kw, words):
-    report = checks.split_kv_decode(
-        lambda q, k, v, n: _decode(q, k, v, n, **kw), seed=4, out=_quiet
+def test_split_kv_decode_names_each_planted_bug(split_kw, combine_kw, words):
+    report, text = _decode(
+        lambda q, k, v: _split_state(q, k, v, **split_kw),
+        4,
+        lambda states: _combine(states, **combine_kw),
     )
-    assert not report.passed, bug
-    assert words in report.text, report.text
+    assert not report.passed and words in report.diagnosis, text
+
+
+def test_split_kv_decode_rejects_decoding_without_a_split():
+    def unsplit(q, k, v):
+        o, lse = reference.forward(q, k, v)  # no state: attention over the split, by flashedu
+        return lse, np.ones_like(lse), o
+
+    report, text = _decode(unsplit, 5, _combine)
+    assert report.diagnosis.startswith("called flashedu.reference.forward"), text
+    split = lambda q, k, v: decoding.partial_state(q, k, v, (0, k.shape[2]), scale=1.0)  # noqa: E731
+    report, _ = _decode(split, 5, _combine)
+    assert report.diagnosis.startswith("called flashedu.decoding.partial_state")
+
+
+def test_split_kv_decode_sees_only_each_splits_keys():
+    seen = []
+
+    def spy(q, k, v):
+        seen.append((k.shape[2], k.base is None))
+        return _split_state(q, k, v)
+
+    assert _decode(spy, 6, _combine)[0].passed
+    assert (0, True) in seen and all(own for _, own in seen)  # an empty split; no view of all K
+
+
+def test_split_kv_decode_asks_for_the_combine():
+    report, _ = _decode(_split_state, 6)
+    assert "pass your combine function too" in report.diagnosis
 
 
 def _ring_bytes(
@@ -131,29 +159,30 @@ def _ring_bytes(
     return [per_step] * (W if last_sends else W - 1) + ([] if last_sends else [0])
 
 
-def test_ring_bytes_accepts_the_solutions():
+def test_ring_bytes_accepts_a_learners_solution_and_rejects_flashedus():
     assert checks.ring_bytes(_ring_bytes, seed=0, out=_quiet).passed
-    assert checks.ring_bytes(
+    report = checks.ring_bytes(
         lambda B, H, H_kv, N, d, W, e: ring.traffic_per_step(B, H_kv, N, d, W, e),
         seed=1,
         out=_quiet,
-    ).passed
+    )
+    assert report.diagnosis.startswith("called flashedu.ring.traffic_per_step")
 
 
 @pytest.mark.parametrize(
     "bug,kw,words",
     [
-        ("only K travels", {"tensors": 1}, "both K and V travel"),
-        ("last step sends", {"last_sends": True}, "W - 1 hops"),
-        ("one shard per step", {"rows": "shard"}, "all N_k rows cross the ring"),
+        ("only K travels", {"tensors": 1}, "V travels too"),
+        ("last step sends", {"last_sends": True}, "the last step sends too"),
+        ("one shard per step", {"rows": "shard"}, "one shard was counted per step"),
         ("query heads travel", {"heads": "q"}, "only the H_kv K/V heads travel"),
-        ("shards padded", {"rows": "padded"}, "together they still hold all N_k rows"),
+        ("shards padded", {"rows": "padded"}, "together they hold exactly N_k rows"),
     ],
 )
 def test_ring_bytes_names_each_planted_bug(bug, kw, words):
     report = checks.ring_bytes(lambda *a: _ring_bytes(*a, **kw), seed=2, out=_quiet)
     assert not report.passed, bug
-    assert words in report.text, report.text
+    assert words in report.diagnosis, report.text
 
 
 @pytest.mark.parametrize("grader", [checks.block_kind, checks.split_kv_decode, checks.ring_bytes])
@@ -164,6 +193,4 @@ def test_stubs_report_not_attempted(grader):
         raise NotImplementedError("Exercise 9.x")
 
     report = grader(stub, out=lines.append)
-    assert not report.attempted and lines == [
-        f"{grader.__name__}: not attempted yet (reference: {grader.solution_name})"
-    ]
+    assert not report.attempted and lines == [f"{grader.__name__}: not attempted yet"]

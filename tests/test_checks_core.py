@@ -88,7 +88,7 @@ def test_the_report_fits_100_columns_and_names_the_inputs_and_seed():
     assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
     text = report.text
     assert "inputs: q (13, 8), k (27, 8); seed=123" in text
-    assert "checks.toy(..., seed=123)" in text and report.seed == 123
+    assert "checks.toy(your_function, seed=123)" in text and report.seed == 123
 
 
 def test_a_known_mistake_is_named_once_for_every_case_it_explains():
@@ -208,7 +208,7 @@ def test_hint_prints_the_formula_only_when_asked():
     )
     lines, out = _lines()
     g(lambda x: np.zeros(3), seed=1, out=out)
-    assert "y = 2 x" not in "\n".join(lines) and "checks.hint(checks.g)" in lines[4]
+    assert "y = 2 x" not in "\n".join(lines) and "checks.hint(checks.g)" in lines[5]
     lines.clear()
     checks.hint(g, out=out)
     assert lines == ["y = 2 x", "(for every x)"]
@@ -273,3 +273,21 @@ def test_every_grader_module_has_its_tests(module):
     assert (ROOT / "tests" / f"test_checks_ch{nn}.py").exists(), (
         f"{module} has no tests/test_checks_ch{nn}.py"
     )
+
+
+def test_an_answer_the_check_cannot_compare_is_reported_not_raised():
+    def check(got, expected):
+        return bool(got == expected), "compared"  # ambiguous for an array
+
+    report = grade("kind", lambda x: np.zeros(3), _cases("full", check=check), out=len)
+    assert not report.passed and "an answer of type ndarray" in report.text
+
+
+@pytest.mark.parametrize("name", GRADER_NAMES)
+def test_every_report_fits_100_columns(name):
+    def crash(*args, **kwargs):
+        return 1 / 0
+
+    lines, out = _lines()
+    checks.GRADERS[name](crash, seed=1, out=out)
+    assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)

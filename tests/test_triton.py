@@ -471,7 +471,7 @@ def test_preprocess_is_the_row_sum_of_do_times_o(make_qkv, rng):
 
 # ---- the GPU check's own pieces, on whatever device is here --------------------------------------
 def test_gpu_check_oracle_matches_reference_and_grades_a_case():
-    from flashedu import gpu_check
+    from flashedu.bench import gpu_check
 
     assert gpu_check.self_check() < 1e-12
     case = dict(
@@ -505,7 +505,7 @@ def test_gpu_check_oracle_matches_reference_and_grades_a_case():
 
 
 def test_bench_table_reports_ratios_from_the_same_rows():
-    from flashedu import bench_gpu
+    from flashedu.bench import gpu as bench_gpu
 
     rows = [
         {

@@ -306,3 +306,93 @@ def test_tile_stepper_buttons_step_and_stop_at_the_ends():
 def test_tile_stepper_refuses_too_many_tiles():
     with pytest.raises(ValueError, match="tiles"):
         widgets.tile_stepper(N_q=4096, N_k=4096, block_m=16, block_n=16)
+
+
+# ------------------------------------------------------------------------- measured kernel runs
+
+
+def test_measured_explorer_shows_the_package_forward_equal_to_the_model():
+    w = widgets.measured_explorer("forward", N_q=48, N_k=40, causal=True)
+    model = traffic.combine(
+        traffic.flash_forward(1, 2, 48, 40, 32, block_m=16, block_n=16, causal=True),
+        traffic.triton_forward_extra(1, 2, 48, 40, 32, block_m=16, block_n=16, causal=True),
+    )
+    assert w.state["measured"] == model and w.state["differences"] == []
+    assert "equal to the model, byte for byte" in w.html.value
+    assert len(w.frames) == 3 * 2 and w.state["launches"] == [("_attn_fwd", (3, 2, 1))]
+    last = w.frames[-1]
+    assert last["read_bytes"] + last["write_bytes"] == model.total_bytes
+    bars = [p.get_height() for p in w.figure.axes[0].patches]
+    unit = w.figure.axes[0].get_ylabel()
+    assert unit == "HBM bytes (KiB)" and max(bars) == pytest.approx(
+        max(model.reads.values()) / 1024
+    )
+    w.slider.value = 3
+    frame = w.frames[2]
+    assert f"program 3 of {len(w.frames)}" in w.program.value
+    assert sum(n for _, dn, n, _ in frame["moved"] if dn == "read") == sum(
+        led.read_bytes
+        for (_, pid), led in w.measurement.by_launch_program.items()
+        if pid == frame["program"]
+    )
+    assert w.program_image.value[:4] == b"\x89PNG"
+    assert "read Q 1,024 B, K 2,048 B (2 loads), V 2,048 B (2 loads); wrote lse 64 B, O" in (
+        w.program.value
+    )
+
+
+def test_measured_explorer_replays_the_three_backward_kernels():
+    w = widgets.measured_explorer("backward", N_q=33, N_k=20, causal=True)
+    assert w.state["differences"] == []
+    kernels = {f["kernel"] for f in w.frames}
+    assert kernels == {"_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"}
+
+
+def test_measured_explorer_tells_a_learners_wasteful_kernel_in_words():
+    """A 'kernel' that runs the forward twice moves every tensor twice: the differences say so."""
+    import torch
+
+    from flashedu import triton_attention
+
+    q, k, v = (torch.randn(1, 1, 32, 16) for _ in range(3))
+    model = traffic.flash_forward(1, 1, 32, 32, 16, block_m=16, block_n=16, itemsize=4)
+
+    def run():
+        for _ in range(2):
+            triton_attention.forward(q, k, v, block_m=16, block_n=16)
+
+    w = widgets.measured_explorer(run, model=model)
+    assert {d.tensor for d in w.state["differences"]} == {"Q", "K", "V", "O", "lse"}
+    assert "your kernel read Q twice (4,096 B of a 2,048 B tensor); the model reads it once" in (
+        w.html.value
+    )
+    assert widgets.measured_explorer(w.measurement).state["model"] is None
+    with pytest.raises(TypeError, match="run must be 'forward', 'backward', a function"):
+        widgets.measured_explorer(42)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        widgets.measured_explorer("sideways")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_stepper_shows_the_triton_kernel_beside_each_tile(causal):
+    s = widgets.tile_stepper(
+        N_q=40, N_k=33, d=16, block_m=16, block_n=16, causal=causal, measured=True
+    )
+    assert len(s.measured_steps) == len(s.frames)
+    for frame, measured in zip(s.frames, s.measured_steps):
+        assert sorted(measured) == sorted(frame["moved"]), frame[
+            "step"
+        ]  # kernel == model, per tile
+    assert s.measurement.traffic() == s.ledger.traffic()
+    s.slider.value = s.slider.max
+    assert f"data-bytes='{s.ledger.traffic().total_bytes}'" in s.html.value
+    assert "measured Triton kernel, this tile" in s.html.value
+
+
+def test_tile_stepper_measured_needs_fa2_and_real_tiles():
+    with pytest.raises(ValueError, match="block_m a power of two >= 16, got 8"):
+        widgets.tile_stepper(block_m=8, block_n=16, measured=True)
+    with pytest.raises(ValueError, match="replay the FA2 order"):
+        widgets.tile_stepper(block_m=16, block_n=16, order="fa1", measured=True)
+    with pytest.raises(TypeError, match="measured must be True"):
+        widgets.tile_stepper(block_m=16, block_n=16, measured="yes")

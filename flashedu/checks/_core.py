@@ -195,7 +195,11 @@ def _run(fn, case: Case, forbid: bool, allow) -> _Outcome:
         raise
     except Exception as e:  # the learner's bug, reported, not raised
         return _Outcome(False, _raised(e))
-    result = (case.check or (lambda g, x: _compare(g, x, case.tol, case.names)))(got, case.expected)
+    try:
+        compare = case.check or (lambda g, x: _compare(g, x, case.tol, case.names))
+        result = compare(got, case.expected)
+    except Exception as e:  # an answer of a kind the check cannot even compare
+        return _Outcome(False, f"an answer of type {type(got).__name__} ({_raised(e)})", got)
     ok, detail = result[0], result[1]
     diagnosis = result[2] if len(result) > 2 else getattr(detail, "mistake", "")
     return _Outcome(bool(ok), str(detail), got, diagnosis=diagnosis or "", ran=True)

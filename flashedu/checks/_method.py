@@ -53,9 +53,13 @@ _TOOLS = (
     "flashedu.checks",
     "flashedu.course",
     "flashedu.data",
+    "flashedu.dtypes",  # the dtype names and accumulation rule testing.tolerance uses
+    "flashedu.kernel_traffic",  # traffic.measure's hooks run inside a graded kernel
+    "flashedu.ledger",
     "flashedu.nb",
     "flashedu.registry",
     "flashedu.testing",
+    "flashedu.triton_exercises",  # the launchers and given prologues of the kernel exercises
     "flashedu.viz",
     "flashedu.widgets",
 )
@@ -64,6 +68,7 @@ _CORE = (
     "api",
     "autograd",
     "decoding",
+    "gpt",
     "masks",
     "naive",
     "reference",

@@ -73,34 +73,50 @@ def candidates(*outputs) -> _Candidates:
     return _Candidates(outputs)
 
 
+def _explains(got, variant, case) -> int:
+    """2 when got equals the variant's output; 1 when, for a tuple answer, every part got wrong
+    equals the variant's part (a part the learner got right may differ, e.g. where the bug shows
+    as NaN); else 0."""
+    if same(got, variant):
+        return 2
+    parts = isinstance(case.expected, tuple) and isinstance(variant, tuple)
+    if not parts or not isinstance(got, (tuple, list)) or len(got) != len(variant):
+        return 0
+    return int(
+        all(same(g, v) or same(g, e, case.tol) for g, v, e in zip(got, variant, case.expected))
+    )
+
+
 def _match(cases: list, outcomes: list) -> tuple[str, int | None]:
     """The mistake that best explains the answers: (name, index of the first case it explains).
 
-    A mistake explains a failing case when the answer equals its variant there; it is
-    contradicted by a case where its variant differs from the right answer but the learner's
-    does not equal it. The name explaining a failure with the fewest contradictions wins."""
+    A mistake explains a failing case when the answer equals its variant there (exactly, or in
+    every part the learner got wrong); it is contradicted by a case where its variant differs from
+    the right answer but the learner's answer does not equal it. The name with the fewest
+    contradictions wins, then the one with the most exact matches, then the most explained."""
     if not any(c.mistakes for c in cases):
         return "", None
-    table: dict[str, list[int]] = {}  # name -> [explained, contradicted, first explained case]
+    table: dict[str, list[int]] = {}  # name -> [explained, exact, contradicted, first case]
     for i, (case, res) in enumerate(zip(cases, outcomes)):
         if not res.ran or not case.mistakes:
             continue
-        seen: dict[str, bool] = {}
+        seen: dict[str, int] = {}
         for name, v in _variants(case):
             if same(v, case.expected, case.tol):
                 continue  # this bug does not show on this input
-            seen[name] = seen.get(name, False) or same(res.got, v)
-        for name, hit in seen.items():
-            row = table.setdefault(name, [0, 0, -1])
-            if hit and not res.ok:
+            seen[name] = max(seen.get(name, 0), _explains(res.got, v, case))
+        for name, level in seen.items():
+            row = table.setdefault(name, [0, 0, 0, -1])
+            if level and not res.ok:
                 row[0] += 1
-                row[2] = i if row[2] < 0 else row[2]
-            elif not hit:
-                row[1] += 1
-    scored = [(r[1], -r[0], r[2], n) for n, r in table.items() if r[0] > 0]
+                row[1] += level == 2
+                row[3] = i if row[3] < 0 else row[3]
+            elif not level:
+                row[2] += 1
+    scored = [(r[2], -r[1], -r[0], r[3], n) for n, r in table.items() if r[0] > 0]
     if not scored:
         return "", None
-    _, _, first, name = min(scored)
+    *_, first, name = min(scored)
     return name, first
 
 
@@ -110,6 +126,8 @@ def _match(cases: list, outcomes: list) -> tuple[str, int | None]:
 def _wrap(text: str, indent: str, width: int = WIDTH) -> list[str]:
     """Lines of at most `width` columns, broken after '; ' or '. ' where possible, else at
     spaces."""
+    if any(len(indent) + len(seg) > width for seg in _segments(text)):
+        return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent)
     pieces, line = [], ""
     for seg in _segments(text):
         if line and len(indent) + len(line) + len(seg) > width:
@@ -185,10 +203,11 @@ def lead_block(name, fn, cases, outcomes, lead, diagnosis, seed, formula) -> lis
     lines += _wrap(f"what is wrong: {diagnosis}", "  ")
     seeded = f"; seed={seed}" if seed is not None else ""
     lines += _wrap(f"inputs: {_inputs(fn, c)}{seeded}", "  ")
-    more = f"rerun these inputs: checks.{name}(..., seed={seed})" if seed is not None else ""
+    if seed is not None:
+        lines.append(f"  the same inputs again: checks.{name}(your_function, seed={seed})")
     if formula:
-        more += ("; " if more else "") + f"the formula: checks.hint(checks.{name})"
-    return lines + (_wrap(more, "  ") if more else [])
+        lines.append(f"  the formula, if you want it: checks.hint(checks.{name})")
+    return lines
 
 
 def choose(cases, outcomes) -> tuple[int, str]:

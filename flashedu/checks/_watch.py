@@ -94,16 +94,16 @@ class WatchedArray(np.ndarray):
     of a `OnePass` stream is one as well (`_stream` set): using it after it expired raises.
     """
 
-    _stream: OnePass | None = None
-    _index = -1
+    __slots__ = ("_stream", "_index")  # no per-array __dict__: thousands of blocks stay cheap
 
     def __array_finalize__(self, obj):
         self._stream = getattr(obj, "_stream", None)
         self._index = getattr(obj, "_index", -1)
 
     def _touch(self) -> None:
-        if self._stream is not None:
-            self._stream._check(self._index)
+        stream = getattr(self, "_stream", None)
+        if stream is not None:
+            stream._check(self._index)
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         _touch_all(inputs + (out or ()))
@@ -196,7 +196,7 @@ def watch_arrays(limit_elems: int | None = None, what: str = "an N_q x N_k array
         raise _shortcut(w.message)
 
 
-def _scan_locals(fn, args, kwargs, limit_elems: int) -> tuple | None:
+def find_large_local(fn, args, kwargs, limit_elems: int) -> tuple | None:
     """Rerun fn with a line tracer; the shape of the first local array of >= limit_elems."""
     found: list[tuple] = []
 
@@ -237,7 +237,7 @@ def largest_array(fn, *args, limit_elems: int | None = None, what="an N_q x N_k 
         if type(e).__name__ != "Shortcut":
             raise
         if w is not None and w.over and w.largest_elems < (limit_elems or 0):
-            shape = _scan_locals(fn, args, kwargs, limit_elems)
+            shape = find_large_local(fn, args, kwargs, limit_elems)
             if shape is not None:
                 w.largest_shape, w.largest_elems = shape, math.prod(shape)
                 raise _shortcut(w.message) from None

@@ -1,22 +1,28 @@
 """Graders for notebooks/03_tiled_forward.ipynb: the tiled forward loop and its HBM byte count.
 
 Exercise 3.1 asks for the FA2-order tiled forward of one head (outer loop over query blocks, online
-softmax over K/V blocks), returning o and lse; exercise 3.2 for the HBM bytes that loop moves. Each
-case draws fresh sizes and targets one mistake: the accumulator not rescaled, the ragged last block
-dropped, the causal offset top-left instead of bottom-right, NaN on fully masked rows, lse without
-the max, K/V counted once.
+softmax over K/V blocks), returning o and lse. It runs with flashedu's own implementations off
+limits, and on its last case (N_q = N_k = 256, 16 x 16 tiles) the grader watches every array the
+loop makes: an N_q x N_k score matrix, or the memory of one, is a named shortcut. A wrong answer is
+matched against planted bugs: the alpha rescale missing (from l, from o, or both), the short last
+block dropped (floor instead of ceil), the causal offset top-left, NaN on rows that see no key, lse
+without the max or with m + l. Exercise 3.2 asks for the HBM bytes of that loop.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import reference, traffic
 from ..testing import Tolerance, random_qkv
 from ._core import Case, grade, grader, rng_for
+from ._method import Shortcut, largest_array
 from .ch01 import _exact  # an exact integer answer, printed in bytes
 
 __all__ = ["tiled_attention", "fa2_hbm_bytes"]
 
 _F64 = Tolerance(1e-10, 1e-10)
+_TILED = "a tiled loop holds one block of scores at a time, never all N_q x N_k of them"
 
 
 def _one_head(rng, N_q, N_k, d, scale=1.0):
@@ -24,91 +30,137 @@ def _one_head(rng, N_q, N_k, d, scale=1.0):
     return q[0, 0], k[0, 0], v[0, 0]
 
 
-@grader("flashedu.tiled.forward")
+def _tiled(q, k, v, *, causal, block_m, block_n, rescale="both", ceil=True, offset=True,
+           guard=True, lse="m + log l"):  # fmt: skip
+    """A one-head FA2-order loop with switches that plant the classic mistakes."""
+    N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
+    o, out_lse = np.zeros((N_q, d)), np.full(N_q, -np.inf)
+    shift = N_k - N_q if offset else 0
+    rows_end, cols_end = (N_q, N_k) if ceil else (N_q, N_k - N_k % block_n)
+    with np.errstate(all="ignore"):
+        for r0 in range(0, rows_end, block_m):
+            rows = np.arange(r0, min(r0 + block_m, N_q))
+            m, l, acc = np.full(rows.size, -np.inf), np.zeros(rows.size), np.zeros((rows.size, d))
+            for c0 in range(0, cols_end, block_n):
+                cols = np.arange(c0, min(c0 + block_n, N_k))
+                s = q[rows] @ k[cols].T / np.sqrt(d)
+                if causal:
+                    s = np.where(cols[None, :] <= rows[:, None] + shift, s, -np.inf)
+                m_new = np.maximum(m, s.max(axis=1))
+                m_ref = np.where(np.isneginf(m_new), 0.0, m_new) if guard else m_new
+                p = np.exp(s - m_ref[:, None])
+                alpha = np.exp(m - m_ref)
+                l = (alpha if rescale in ("both", "l") else 1.0) * l + p.sum(axis=1)
+                acc = (alpha[:, None] if rescale in ("both", "o") else 1.0) * acc + p @ v[cols]
+                m = m_new
+            o[rows] = acc / (np.where(l > 0, l, 1.0)[:, None] if guard else l[:, None])
+            m0 = np.where(np.isneginf(m), 0.0, m)
+            log_l = {"m + log l": m0 + np.log(l), "log l": np.log(l), "m + l": m0 + l}[lse]
+            out_lse[rows] = np.where(l > 0, log_l, -np.inf) if guard else log_l
+    return o, out_lse
+
+
+_MISTAKES = {
+    "the alpha rescale is missing: when the row max grows, l and the accumulator keep their "
+    "old scale": {"rescale": "none"},
+    "the accumulator o was not rescaled when the row max grew (l was)": {"rescale": "l"},
+    "the running sum l was not rescaled when the row max grew (o was)": {"rescale": "o"},
+    "the short last block of keys was skipped (floor instead of ceil)": {"ceil": False},
+    "the causal mask is top-left aligned; flashedu's is bottom-right": {"offset": False},
+    "rows that see no key give NaN instead of o = 0 and lse = -inf": {"guard": False},
+    "lse is log l without the running max m": {"lse": "log l"},
+    "lse = m + l instead of m + log l": {"lse": "m + l"},
+}
+
+
+def _memory_call(q, k, v, kwargs):
+    def call(fn):
+        try:
+            return largest_array(fn, q, k, v, limit_elems=q.shape[0] * k.shape[0] // 2, **kwargs)[0]
+        except Shortcut as e:
+            raise Shortcut(f"{e}: {_TILED}") from None
+
+    return call
+
+
+_TILED_FORMULA = """
+For each block of query rows i, start m = -inf, l = 0, acc = 0; for each block of keys j:
+    s     = q_i k_j^T / sqrt(d)   (causal: -inf where key > row + N_k - N_q)
+    m_new = max(m, rowmax(s));  p = exp(s - m_new);  alpha = exp(m - m_new)
+    l     = alpha * l + rowsum(p);   acc = alpha * acc + p v_j;   m = m_new
+Then o_i = acc / l and lse_i = m + log(l); a row with l = 0 gets o = 0, lse = -inf.
+"""
+
+
+@grader("flashedu.tiled.forward", formula=_TILED_FORMULA)
 def tiled_attention(fn, *, seed=None, out=print):
     """Grade `fn(q, k, v, *, causal=False, block_m, block_n) -> (o, lse)` for one head: q (N_q, d),
-    k and v (N_k, d) float64, scale 1/sqrt(d), o (N_q, d), lse (N_q,) natural-log, never an N_q x
-    N_k array."""
+    k and v (N_k, d) float64, scale 1/sqrt(d), o (N_q, d), lse (N_q,) natural-log, never an
+    N_q x N_k array."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     bm, bn = r(3, 5), r(4, 7)
     n_q, n_k = r(3, 6) * bm + r(1, bm - 1), r(3, 6) * bn + r(1, bn - 1)  # never block multiples
     e = r(3, 8)
     specs = [  # (label, (N_q, N_k, d, input scale), causal, (block_m, block_n), hint)
-        (
-            "one tile holds everything",
-            (r(2, 6), r(2, 6), 8, 1.0),
-            False,
-            (16, 16),
-            (
-                "with one tile this is plain attention: scale q k^T by 1/sqrt(d), o = P V, "
-                "lse = log sum_j exp(s_j)"
-            ),
-        ),
-        (
-            f"N_q={n_q}, N_k={n_k}, blocks {bm}x{bn}",
-            (n_q, n_k, 8, 1.0),
-            False,
-            (bm, bn),
-            (
-                "when the row max moves from m to m', rescale the accumulator o_i (and l_i) by "
-                "exp(m - m')"
-            ),
-        ),
-        (
-            f"N_k={n_k}: last K/V block short",
-            (bm, n_k, 4, 1.0),
-            False,
-            (bm, bn),
-            "the last block is shorter: loop to the end, slicing k[c0:min(c0 + block_n, N_k)]",
-        ),
-        (
-            f"causal, N_q={n_q} < N_k={n_q + e}",
-            (n_q, n_q + e, 8, 1.0),
-            True,
-            (bm, bn),
-            "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned)",
-        ),
-        (
-            f"causal, N_q={n_k + e} > N_k={n_k}",
-            (n_k + e, n_k, 8, 1.0),
-            True,
-            (bm, bn),
-            (
-                "rows that see no key must give o = 0 and lse = -inf, not NaN: guard l = 0 and "
-                "exp(-inf - (-inf))"
-            ),
-        ),
-        (
-            "logits near 1e4",
-            (n_q, n_k, 8, 60.0),
-            False,
-            (bm, bn),
-            (
-                "lse = m + log(l), not log(l): and start m at -inf, subtracting the running max "
-                "before exp"
-            ),
-        ),
+        ("one tile holds everything", (r(2, 6), r(2, 6), 8, 1.0), False, (16, 16), ""),
+        (f"N_q={n_q}, N_k={n_k}, blocks {bm}x{bn}", (n_q, n_k, 8, 1.0), False, (bm, bn), ""),
+        (f"N_k={n_k}: last K/V block short", (bm, n_k, 4, 1.0), False, (bm, bn), ""),
+        (f"causal, N_q={n_q} < N_k={n_q + e}", (n_q, n_q + e, 8, 1.0), True, (bm, bn), ""),
+        (f"causal, N_q={n_k + e} > N_k={n_k}", (n_k + e, n_k, 8, 1.0), True, (bm, bn), ""),
+        ("logits near 1e4", (n_q, n_k, 8, 60.0), False, (bm, bn), ""),
+        ("N_q=N_k=256, 16x16 tiles: memory", (256, 256, 8, 1.0), False, (16, 16), ""),
     ]
     cases = []
-    for label, (N_q, N_k, d, scale), causal, (block_m, block_n), hint in specs:
+    for label, (N_q, N_k, d, scale), causal, (block_m, block_n), _ in specs:
         q, k, v = _one_head(rng, N_q, N_k, d, scale)
         o, lse = reference.forward(q[None, None], k[None, None], v[None, None], causal=causal)
+        kw = {"causal": causal, "block_m": block_m, "block_n": block_n}
         cases.append(
             Case(
                 label,
                 (q, k, v),
                 (o[0, 0], lse[0, 0]),
-                hint=hint,
+                hint="o and lse must equal exact attention of each row over its visible keys",
                 tol=_F64,
                 names=("o", "lse"),
-                kwargs={"causal": causal, "block_m": block_m, "block_n": block_n},
+                kwargs=kw,
+                mistakes={
+                    why: (lambda b=bug, q=q, k=k, v=v, kw=kw: _tiled(q, k, v, **kw, **b))
+                    for why, bug in _MISTAKES.items()
+                },
+                call=_memory_call(q, k, v, kw) if N_q * N_k >= 256 * 256 else None,
             )
         )
-    return grade("tiled_attention", fn, cases, solution_name=tiled_attention.solution_name, out=out)
+    return grade("tiled_attention", fn, cases, out=out, forbid=True)
 
 
-@grader("flashedu.traffic.flash_forward")
+# --------------------------------------------------------------------------------------------- 3.2
+
+
+def _bytes(N_q, N_k, d, bm, bn, e, *, reread=True, ceil=True, lse=True, lse_e=4, o=True):
+    blocks = -(-N_q // bm) if ceil else N_q // bm
+    kv = 2 * N_k * d * e * (blocks if reread else 1)
+    return N_q * d * e * (2 if o else 1) + kv + (lse_e * N_q if lse else 0)
+
+
+_BYTE_MISTAKES = {
+    "K and V were counted once; they are read again for every query block": {"reread": False},
+    "the number of query blocks was rounded down (floor instead of ceil)": {"ceil": False},
+    "the lse write was left out": {"lse": False},
+    "lse was counted in the input's itemsize; it is float32 (4 bytes) whatever the input": {
+        "lse_e": None
+    },
+    "the write of O was left out": {"o": False},
+}
+
+_BYTES_FORMULA = """
+bytes = (N_q d + ceil(N_q / block_m) * 2 N_k d + N_q d) * itemsize + 4 N_q
+        (Q read once, K and V once per query block, O written once, lse in float32)
+"""
+
+
+@grader("flashedu.traffic.flash_forward", formula=_BYTES_FORMULA)
 def fa2_hbm_bytes(fn, *, seed=None, out=print):
     """Grade `fn(N_q, N_k, d, block_m, block_n, itemsize) -> int`: HBM bytes read plus written by
     the FA2-order tiled forward of one (batch, head), no mask: Q read once, K and V once per query
@@ -123,37 +175,23 @@ def fa2_hbm_bytes(fn, *, seed=None, out=print):
 
     n = 64 * r(8, 20)
     specs = [
-        (
-            "one query block",
-            (r(10, 60), r(100, 900), 64, 64, 128, 2),
-            (
-                "with one query block: Q read once, K and V once, O written once, plus 4 bytes of "
-                "lse per row"
-            ),
-        ),
-        (
-            f"N={n}, {n // 64} query blocks",
-            (n, n, 64, 64, 128, 2),
-            "K and V are read again for every query block: ceil(N_q / block_m) times each",
-        ),
-        (
-            "ragged N_q",
-            (n + r(1, 63), n, 64, 64, 128, 2),
-            (
-                "the number of query blocks is ceil(N_q / block_m): the short last block also "
-                "reads all of K and V"
-            ),
-        ),
-        (
-            "float32 inputs",
-            (n, n // 2, 32, 32, 64, 4),
-            (
-                "itemsize is bytes per element of Q, K, V, O; lse is float32 (4 bytes) whatever "
-                "the input dtype"
-            ),
-        ),
+        ("one query block", (r(10, 60), r(100, 900), 64, 64, 128, 2)),
+        (f"N={n}, {n // 64} query blocks", (n, n, 64, 64, 128, 2)),
+        ("ragged N_q", (n + r(1, 63), n, 64, 64, 128, 2)),
+        ("float32 inputs", (n, n // 2, 32, 32, 64, 4)),
     ]
     cases = [
-        Case(label, args, expected(*args), hint=hint, check=_exact) for label, args, hint in specs
+        Case(
+            label,
+            args,
+            expected(*args),
+            hint="count every tensor that crosses HBM, as often as the loop moves it",
+            check=_exact,
+            mistakes={
+                why: _bytes(*args, **{k: (args[-1] if v is None else v) for k, v in kw.items()})
+                for why, kw in _BYTE_MISTAKES.items()
+            },
+        )
+        for label, args in specs
     ]
-    return grade("fa2_hbm_bytes", fn, cases, solution_name=fa2_hbm_bytes.solution_name, out=out)
+    return grade("fa2_hbm_bytes", fn, cases, out=out, forbid=True)

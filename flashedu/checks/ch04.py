@@ -1,11 +1,12 @@
-"""Graders for notebooks/04_recompute_backward.ipynb: the softmax backward and the tiled backward
-pass.
+"""Graders for notebooks/04_recompute_backward.ipynb: the softmax backward and the tiled backward.
 
-Exercise 4.1 asks for dS = P * (dP - rowsum(P * dP)), the backward of a row-wise softmax; exercise
-4.2 for the FA2 backward of one head, rebuilding each tile of P from q, k and the saved lse. Each
-case draws fresh sizes and targets one mistake: the row sum left out or taken over the wrong axis, P
-renormalised per tile instead of by lse, the softmax scale forgotten, the causal offset top-left,
-NaN from a fully masked row.
+Exercise 4.1 asks for the backward of a row-wise softmax; exercise 4.2 for the FA2 backward of one
+head, rebuilding each tile of P from q, k and the saved lse. Both run with flashedu's own
+implementations off limits; on 4.2's last case (N_q = N_k = 256, 16 x 16 tiles) the grader
+watches every array the loop makes, and an N_q x N_k matrix is a named shortcut. A wrong answer is
+matched against planted bugs: the row term D left out, summed over the wrong axis or taken per
+tile, P renormalised per tile instead of by lse, the softmax scale forgotten, the causal offset
+top-left, NaN from a fully masked row, dK and dV swapped.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ import numpy as np
 from .. import reference
 from ..testing import Tolerance
 from ._core import Case, grade, grader, rng_for
-from .ch03 import _one_head
+from ._method import Shortcut, largest_array
+from .ch03 import _TILED, _one_head
 
 __all__ = ["softmax_backward", "tiled_attention_backward"]
 
 _F64 = Tolerance(1e-10, 1e-10)
+
+
+def softmax_grad(p, dp):
+    """dS for P = softmax(S) row by row, given dP = dL/dP; p and dp (M, N)."""
+    D = (p * dp).sum(axis=-1, keepdims=True)  # (M, 1): one number per row
+    return p * (dp - D)
 
 
 def _softmax_rows(rng, R, N, masked=0.0):
@@ -35,119 +43,163 @@ def _softmax_rows(rng, R, N, masked=0.0):
     return p[0, 0]
 
 
-@grader("flashedu.tiled_backward._tile_grads")
+def _grad_bug(p, dp, *, subtract=True, axis=-1, times_p=True):
+    D = (p * dp).sum(axis=axis, keepdims=True) if subtract else 0.0
+    return (p if times_p else 1.0) * (dp - D)
+
+
+_GRAD_MISTAKES = {
+    "D was not subtracted: the softmax couples every entry of a row": {"subtract": False},
+    "D was summed over the columns (axis 0); it is one number per row": {"axis": 0},
+    "the result was not multiplied by P": {"times_p": False},
+}
+
+_GRAD_FORMULA = """
+dS = P * (dP - D),  D_i = sum_j P_ij dP_ij   (one number per row, elementwise products)
+"""
+
+
+@grader(
+    "flashedu.checks.ch04.softmax_grad",
+    "flashedu.tiled_backward._tile_grads",
+    formula=_GRAD_FORMULA,
+)
 def softmax_backward(fn, *, seed=None, out=print):
-    """Grade `fn(p, dp) -> ds`: for P = softmax(S) row by row and dP = dL/dP, both (M, N) float64,
-    return dS = dL/dS = P * (dP - D) with D = rowsum(P * dP), one number per row."""
+    """Grade `fn(p, dp) -> ds`: for P = softmax(S) row by row and dP = dL/dP, both (M, N)
+    float64, return dS = dL/dS."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     M, N, R1, N1 = r(5, 9), r(2, 4), r(3, 6), r(7, 12)
     specs = [
-        ("one row, two entries", _softmax_rows(rng, 1, 2), "dS = P * (dP - D), D = sum_j P_j dP_j"),
-        (
-            f"random ({R1}, {N1})",
-            _softmax_rows(rng, R1, N1),
-            "subtract D_i = sum_j P_ij dP_ij (the softmax couples every entry of a row) "
-            "before multiplying by P",
-        ),
-        (
-            f"more rows than columns ({M}, {N})",
-            _softmax_rows(rng, M, N),
-            "D is a sum over each row (axis=-1, over the keys), not over the columns",
-        ),
-        (
-            "masked entries (P = 0)",
-            _softmax_rows(rng, r(3, 6), r(6, 12), masked=0.4),
-            "where P = 0 (a masked key), dS must be 0",
-        ),
+        ("one row, two entries", _softmax_rows(rng, 1, 2)),
+        (f"random ({R1}, {N1})", _softmax_rows(rng, R1, N1)),
+        (f"more rows than columns ({M}, {N})", _softmax_rows(rng, M, N)),
+        ("masked entries (P = 0)", _softmax_rows(rng, r(3, 6), r(6, 12), masked=0.4)),
     ]
     cases = []
-    for label, p, hint in specs:
+    for label, p in specs:
         dp = rng.standard_normal(p.shape)
         cases.append(
             Case(
-                label, (p, dp), p * (dp - (p * dp).sum(axis=-1, keepdims=True)), hint=hint, tol=_F64
+                label,
+                (p, dp),
+                softmax_grad(p, dp),
+                hint="dS must be the gradient of the loss with respect to the scores S",
+                tol=_F64,
+                mistakes={why: _grad_bug(p, dp, **kw) for why, kw in _GRAD_MISTAKES.items()},
             )
         )
-    return grade(
-        "softmax_backward", fn, cases, solution_name=softmax_backward.solution_name, out=out
-    )
+    return grade("softmax_backward", fn, cases, out=out, forbid=True)
 
 
-@grader("flashedu.tiled_backward.backward")
+# --------------------------------------------------------------------------------------------- 4.2
+
+
+def _backward(do, q, k, v, o, lse, *, causal, block_m, block_n, by_lse=True, scale=True,
+              offset=True, guard=True, delta="rowsum(dO*O)", swap=False):  # fmt: skip
+    """A one-head FA2 backward with switches that plant the classic mistakes."""
+    N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
+    tau = 1 / np.sqrt(d)
+    D = (do * o).sum(axis=1) if delta == "rowsum(dO*O)" else np.zeros(N_q)
+    lse = np.where(np.isneginf(lse), np.inf, lse) if guard else lse
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    shift = N_k - N_q if offset else 0
+    with np.errstate(all="ignore"):
+        for c0 in range(0, N_k, block_n):
+            cols = np.arange(c0, min(c0 + block_n, N_k))
+            for r0 in range(0, N_q, block_m):
+                rows = np.arange(r0, min(r0 + block_m, N_q))
+                s = tau * q[rows] @ k[cols].T
+                if causal:
+                    s = np.where(cols[None, :] <= rows[:, None] + shift, s, -np.inf)
+                if by_lse:
+                    p = np.exp(s - lse[rows, None])
+                else:
+                    p = np.exp(s - s.max(axis=1, keepdims=True))
+                    p = p / p.sum(axis=1, keepdims=True)
+                dp = do[rows] @ v[cols].T
+                D_t = (p * dp).sum(axis=1) if delta == "per tile" else D[rows]
+                ds = p * (dp - D_t[:, None])
+                dv[cols] += p.T @ do[rows]
+                dq[rows] += (tau if scale else 1.0) * ds @ k[cols]
+                dk[cols] += (tau if scale else 1.0) * ds.T @ q[rows]
+    return (dq, dv, dk) if swap else (dq, dk, dv)
+
+
+_BACKWARD_MISTAKES = {
+    "each tile of P was renormalised on its own instead of rebuilt from the saved lse": {
+        "by_lse": False
+    },
+    "dQ and dK are missing the softmax scale": {"scale": False},
+    "the causal mask is top-left aligned; flashedu's is bottom-right": {"offset": False},
+    "rows that see no key (lse = -inf) give NaN instead of contributing nothing": {"guard": False},
+    "D was left out": {"delta": "none"},
+    "D was computed inside each tile; it is a sum over the whole row (from dO and O)": {
+        "delta": "per tile"
+    },
+    "dk and dv are swapped": {"swap": True},
+}
+
+_BACKWARD_FORMULA = """
+D = rowsum(dO * O); for each block of keys j, for each block of query rows i:
+    P  = exp(q_i k_j^T / sqrt(d) - lse_i)   (causal: 0 where key > row + N_k - N_q)
+    dV_j += P^T dO_i;   dP = dO_i v_j^T;   dS = P * (dP - D_i)
+    dQ_i += dS k_j / sqrt(d);   dK_j += dS^T q_i / sqrt(d)
+A row with lse = -inf has P = 0.
+"""
+
+
+def _memory_call(args, kwargs):
+    def call(fn):
+        limit = args[1].shape[0] * args[2].shape[0] // 2
+        try:
+            return largest_array(fn, *args, limit_elems=limit, **kwargs)[0]
+        except Shortcut as e:
+            raise Shortcut(f"{e}: {_TILED}") from None
+
+    return call
+
+
+@grader("flashedu.tiled_backward.backward", formula=_BACKWARD_FORMULA)
 def tiled_attention_backward(fn, *, seed=None, out=print):
     """Grade `fn(do, q, k, v, o, lse, *, causal=False, block_m, block_n) -> (dq, dk, dv)` for one
     head: q, do, o (N_q, d); k, v (N_k, d); lse (N_q,) from the forward; scale 1/sqrt(d);
-    float64."""
+    float64; never an N_q x N_k array."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     bm, bn = r(3, 5), r(4, 7)
     n_q, n_k, e = r(3, 5) * bm + r(1, bm - 1), r(3, 5) * bn + r(1, bn - 1), r(3, 8)
-    specs = [  # (label, (N_q, N_k, d), causal, hint); the first case is one tile: blocks 16 x 16
-        (
-            "one tile holds everything",
-            (r(2, 4), r(2, 6), 4),
-            False,
-            "dV = P^T dO, dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), "
-            "dQ = scale dS K, dK = scale dS^T Q",
-        ),
-        (
-            f"N_q={n_q}, N_k={n_k}, blocks {bm}x{bn}",
-            (n_q, n_k, 8),
-            False,
-            "rebuild each tile of P as exp(scale q_i k_j^T - lse_i): "
-            "the saved lse already normalises it, so no per-tile max or sum is needed",
-        ),
-        (
-            "d=64",
-            (n_q, n_k, 64),
-            False,
-            "dQ and dK carry the softmax scale: dQ = scale dS K, dK = scale dS^T Q",
-        ),
-        (
-            f"causal, N_q={n_q} < N_k={n_q + e}",
-            (n_q, n_q + e, 8),
-            True,
-            "recompute P with the forward's mask, bottom-right aligned: "
-            "key j visible iff j <= i + N_k - N_q",
-        ),
-        (
-            f"causal, N_q={n_k + e} > N_k={n_k}",
-            (n_k + e, n_k, 8),
-            True,
-            "a row that sees no key has lse = -inf: its P must be 0, not exp(-inf - (-inf)) = NaN",
-        ),
+    specs = [  # (label, (N_q, N_k, d), causal, blocks)
+        ("one tile holds everything", (r(2, 4), r(2, 6), 4), False, (16, 16)),
+        (f"N_q={n_q}, N_k={n_k}, blocks {bm}x{bn}", (n_q, n_k, 8), False, (bm, bn)),
+        ("d=64", (n_q, n_k, 64), False, (bm, bn)),
+        (f"causal, N_q={n_q} < N_k={n_q + e}", (n_q, n_q + e, 8), True, (bm, bn)),
+        (f"causal, N_q={n_k + e} > N_k={n_k}", (n_k + e, n_k, 8), True, (bm, bn)),
+        ("N_q=N_k=256, 16x16 tiles: memory", (256, 256, 8), False, (16, 16)),
     ]
     cases = []
-    for n, (label, (N_q, N_k, d), causal, hint) in enumerate(specs):
+    for label, (N_q, N_k, d), causal, (block_m, block_n) in specs:
         q, k, v = _one_head(rng, N_q, N_k, d)
         do = rng.standard_normal(q.shape)
         o, lse = (
-            x[0, 0]
-            for x in reference.forward(q[None, None], k[None, None], v[None, None], causal=causal)
+            x[0, 0] for x in reference.forward(*(t[None, None] for t in (q, k, v)), causal=causal)
         )
-        grads = reference.backward(
-            do[None, None], q[None, None], k[None, None], v[None, None], causal=causal
-        )
+        grads = reference.backward(*(t[None, None] for t in (do, q, k, v)), causal=causal)
+        args, kw = (do, q, k, v, o, lse), {"causal": causal, "block_m": block_m, "block_n": block_n}
         cases.append(
             Case(
                 label,
-                (do, q, k, v, o, lse),
+                args,
                 tuple(g[0, 0] for g in grads),
-                hint=hint,
+                hint="dq, dk, dv must be the gradients of sum(o * do)",
                 tol=_F64,
                 names=("dq", "dk", "dv"),
-                kwargs={
-                    "causal": causal,
-                    "block_m": 16 if n == 0 else bm,
-                    "block_n": 16 if n == 0 else bn,
+                kwargs=kw,
+                mistakes={
+                    why: (lambda b=bug, a=args, kw=kw: _backward(*a, **kw, **b))
+                    for why, bug in _BACKWARD_MISTAKES.items()
                 },
+                call=_memory_call(args, kw) if N_q * N_k >= 256 * 256 else None,
             )
         )
-    return grade(
-        "tiled_attention_backward",
-        fn,
-        cases,
-        solution_name=tiled_attention_backward.solution_name,
-        out=out,
-    )
+    return grade("tiled_attention_backward", fn, cases, out=out, forbid=True)

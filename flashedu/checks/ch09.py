@@ -1,11 +1,20 @@
-"""Graders for notebooks/09_beyond.ipynb: which blocks a mask hides, split-KV decoding, bytes on the
-ring."""
+"""Graders for notebooks/09_beyond.ipynb: which blocks a mask hides, split-KV decoding, bytes on
+the ring.
+
+Exercise 9.2 is graded in pieces so that the split is real: the grader cuts the keys itself and
+calls the learner's `split_state(q, k_s, v_s)` on each split's keys alone (a copy: nothing else is
+reachable), checks every partial state (m, l, o), then hands the list of states, and nothing else,
+to the learner's `combine(states)`, whose (o, lse) must be exact attention. All three exercises run
+with flashedu's own implementations off limits, and a wrong answer is matched against planted bugs.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import decoding, reference, ring
 from ..testing import Tolerance, random_qkv
-from ._core import Case, _compare, _compare_array, grade, grader, rng_for
+from ._core import Case, _compare, grade, grader, rng_for, same
 
 __all__ = ["block_kind", "split_kv_decode", "ring_bytes"]
 
@@ -13,8 +22,8 @@ _F64 = Tolerance(1e-10, 1e-10)
 
 
 def _same(got, expected):
-    ok = got == expected
-    return ok, f"{got!r}" + ("" if ok else f", expected {expected!r}")
+    ok = type(got) is type(expected) and got == expected
+    return ok, f"{got!r}"[:60] + ("" if ok else f", expected {expected!r}")
 
 
 def _block_specs(rng):
@@ -135,136 +144,288 @@ def _block_specs(rng):
     ]
 
 
-@grader("flashedu.decoding.block_kind")
+def _block_kind(rows, cols, N_q, N_k, causal=False, window_size=None, *, offset=True,
+                corner="bottom-left", inclusive=True, window=True, full=True):  # fmt: skip
+    """A block classifier by corners, with switches for the classic mistakes."""
+    (r0, r1), (c0, c1) = rows, cols
+    off = N_k - N_q if offset else 0
+    left, right = window_size if (window and window_size is not None) else (-1, -1)
+    if causal:
+        right = 0
+    last_row = r1 - 1 if corner == "bottom-left" else r0
+    smallest, largest = c0 - (last_row + off), (c1 - 1) - (r0 + off)
+    hidden_left = left >= 0 and (largest < -left if inclusive else largest <= -left)
+    if hidden_left or (right >= 0 and smallest > right):
+        return "skip"
+    if full and (left < 0 or smallest >= -left) and (right < 0 or largest <= right):
+        return "full"
+    return "partial"
+
+
+_BLOCK_MISTAKES = {
+    "the causal mask is top-left aligned; flashedu's is bottom-right": {"offset": False},
+    "a block was judged by its first row's diagonal; a block is hidden only if its last row "
+    "sees none of its keys": {"corner": "top-left"},
+    "the window edge is exclusive; the window is inclusive": {"inclusive": False},
+    "window_size was ignored": {"window": False},
+    "no block is ever reported full": {"full": False},
+}
+
+_BLOCK_FORMULA = """
+Key j is visible from query row i iff  -left <= j - (i + N_k - N_q) <= right
+(causal: right = 0; -1 leaves a side open). For rows r0..r1-1 and keys c0..c1-1:
+  skip    if no (i, j) pair is visible: compare c0 with the LAST row and c1 - 1 with the FIRST
+  full    if every pair is visible
+  partial otherwise
+"""
+
+
+@grader("flashedu.decoding.block_kind", formula=_BLOCK_FORMULA)
 def block_kind(fn, *, seed=None, out=print):
     """Grade `fn(rows, cols, N_q, N_k, causal=False, window_size=None) -> "skip" | "partial" |
     "full"`: rows = (r0, r1) query rows and cols = (c0, c1) keys of one block, half-open."""
     cases = []
     for label, rows, cols, N_q, N_k, causal, window, hint in _block_specs(rng_for(seed)):
         expected = decoding.block_kind(rows, cols, N_q, N_k, causal=causal, window_size=window)
+        kw = dict(causal=causal, window_size=window)
         cases.append(
             Case(
                 f"{label}: rows {rows[0]}:{rows[1]}, keys {cols[0]}:{cols[1]}",
                 (rows, cols, N_q, N_k),
                 expected,
                 hint=hint,
-                kwargs=dict(causal=causal, window_size=window),
+                kwargs=kw,
                 check=_same,
+                mistakes={
+                    why: _block_kind(rows, cols, N_q, N_k, **kw, **bug)
+                    for why, bug in _BLOCK_MISTAKES.items()
+                },
             )
         )
-    return grade("block_kind", fn, cases, solution_name=block_kind.solution_name, out=out)
+    return grade("block_kind", fn, cases, out=out, forbid=True)
 
 
-def _check_decode(got, expected):
-    """Compare (o, lse); when o is right and lse is not, say so."""
-    ok, detail = _compare(got, expected, _F64, ("o", "lse"))
-    if (
-        not ok
-        and isinstance(got, tuple)
-        and len(got) == 2
-        and _compare_array(got[0], expected[0], _F64)[0]
-    ):
-        detail += (
-            " (o is right: lse must be m + log(l), "
-            "the natural-log log-sum-exp of the scaled scores)"
+# --------------------------------------------------------------------------------------------- 9.2
+
+
+def split_state(q, k, v):
+    """The partial state (m, l, o) of every query row of q (B, H, N_q, d) against ONE split's keys
+    k, v (B, H, n, d), n >= 0: m (B, H, N_q), l (B, H, N_q), o (B, H, N_q, d) unnormalised."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])  # (B, H, N_q, n)
+    m = s.max(axis=-1, initial=-np.inf)  # -inf for a split with no keys
+    m_ref = np.where(np.isneginf(m), 0.0, m)
+    p = np.exp(s - m_ref[..., None])
+    return m, p.sum(axis=-1), p @ v  # o stays unnormalised: it is divided by l only at the end
+
+
+def combine_states(states):
+    """Merge the splits' states [(m, l, o), ...] into (o, lse) over all the keys."""
+    m = np.max([m_s for m_s, _, _ in states], axis=0)  # the common max
+    m_ref = np.where(np.isneginf(m), 0.0, m)
+    l = sum(np.exp(m_s - m_ref) * l_s for m_s, l_s, _ in states)  # each split's share, rescaled
+    o = sum(np.exp(m_s - m_ref)[..., None] * o_s for m_s, _, o_s in states)
+    safe = np.where(l > 0, l, 1.0)
+    return o / safe[..., None], np.where(l > 0, m_ref + np.log(safe), -np.inf)
+
+
+def _state_bug(q, k, v, *, m0=-np.inf, normalised=False, shift=True):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    with np.errstate(all="ignore"):
+        m = np.maximum(s.max(axis=-1, initial=-np.inf), m0)
+        ref = np.where(np.isneginf(m), 0.0, m) if shift else np.zeros_like(m)
+        p = np.exp(s - ref[..., None])
+        l, o = p.sum(axis=-1), p @ v
+        return m, l, (o / l[..., None] if normalised else o)
+
+
+_STATE_MISTAKES = {
+    "the split's max started at 0 instead of -inf": {"m0": 0.0},
+    "the split's o was divided by l; a partial state keeps o unnormalised": {"normalised": True},
+    "exp was taken of the raw scores, not of the scores minus the split's max": {"shift": False},
+}
+
+
+def _combine_bug(states, *, weighted=True, rescale=True, lse="m + log l", divide=True):
+    m = np.max([m_s for m_s, _, _ in states], axis=0)
+    m_ref = np.where(np.isneginf(m), 0.0, m)
+    with np.errstate(all="ignore"):
+        if not weighted:
+            o = np.mean([o_s / l_s[..., None] for _, l_s, o_s in states], axis=0)
+            return o, m_ref + np.log(sum(np.exp(m_s - m_ref) * l_s for m_s, l_s, _ in states))
+        w = [np.exp(m_s - m_ref) if rescale else np.ones_like(m_s) for m_s, _, _ in states]
+        l = sum(w_s * l_s for w_s, (_, l_s, _) in zip(w, states))
+        o = sum(w_s[..., None] * o_s for w_s, (_, _, o_s) in zip(w, states))
+        out_lse = {"m + log l": m_ref + np.log(l), "log l": np.log(l), "m + l": m_ref + l}[lse]
+        return (o / l[..., None] if divide else o), out_lse
+
+
+_COMBINE_MISTAKES = {
+    "the splits' outputs were averaged instead of weighted by how much each one holds": {
+        "weighted": False
+    },
+    "the states were added without rescaling them to the common max": {"rescale": False},
+    "lse is log l without the common max m": {"lse": "log l"},
+    "lse = m + l instead of m + log l": {"lse": "m + l"},
+    "o was not divided by l at the end": {"divide": False},
+}
+
+
+def _state_check(i, n, bounds, g, e, args):
+    if not isinstance(g, (tuple, list)) or len(g) != 3:
+        what = type(g).__name__
+        return False, f"split {i + 1}: expected (m, l, o), got {what}", ""
+    ok, detail = _compare(tuple(g), e, _F64, ("m", "l", "o"))
+    if ok:
+        return True, "", ""
+    with np.errstate(all="ignore"):
+        why = next((w for w, kw in _STATE_MISTAKES.items() if same(g, _state_bug(*args, **kw))), "")
+    return False, f"split {i + 1} of {n} (keys {bounds[0]}:{bounds[1]}): {detail}", why
+
+
+def _decode_check(got, expected):
+    states, out, splits = got
+    want_states, want, args = expected
+    for i, (g, e, (c0, c1)) in enumerate(zip(states, want_states, splits)):
+        q, k, v = args
+        ok, detail, why = _state_check(
+            i, len(splits), (c0, c1), g, e, (q, k[..., c0:c1, :], v[..., c0:c1, :])
         )
-    return ok, detail
+        if not ok:
+            return False, detail, why
+    ok, detail = _compare(out, want, _F64, ("o", "lse"))
+    if ok:
+        return True, f"{len(states)} states; {detail}"
+    why = next(
+        (w for w, kw in _COMBINE_MISTAKES.items() if same(out, _combine_bug(want_states, **kw))), ""
+    )
+    return False, f"combine: {detail}", why
 
 
-@grader("flashedu.decoding.forward")
-def split_kv_decode(fn, *, seed=None, out=print):
-    """Grade `fn(q, k, v, num_splits) -> (o, lse)`: exact attention of q (B, H, N_q, d) over k, v
-    (B, H, N_k, d), computed split by split and merged. float64 NumPy, no mask."""
+def _split_call(q, k, v, splits, combine):
+    def call(split_fn):
+        states = [
+            split_fn(q.copy(), k[..., c0:c1, :].copy(), v[..., c0:c1, :].copy())
+            for c0, c1 in splits
+        ]
+        if combine is None:
+            raise TypeError(
+                "split_kv_decode needs both functions: checks.split_kv_decode(split_state, combine)"
+            )
+        try:
+            out = combine(list(states))
+        except NotImplementedError:
+            raise RuntimeError(
+                "combine is not written yet (it raised NotImplementedError)"
+            ) from None
+        return states, out, splits
+
+    return call
+
+
+_DECODE_FORMULA = """
+split_state: s = q k^T / sqrt(d);  m = rowmax(s) (-inf if no keys);  p = exp(s - m)
+             return m, rowsum(p), p v                       (o unnormalised)
+combine:     m = max over splits of m_s;  w_s = exp(m_s - m)
+             l = sum_s w_s l_s;  o = sum_s w_s o_s;  return o / l, m + log(l)
+"""
+
+
+@grader(
+    "flashedu.checks.ch09.split_state",
+    "flashedu.checks.ch09.combine_states",
+    "flashedu.decoding.forward",
+    formula=_DECODE_FORMULA,
+)
+def split_kv_decode(fn, combine=None, *, seed=None, out=print):
+    """Grade split-KV decoding in two functions, called as `split_kv_decode(split_state, combine)`:
+    `split_state(q, k, v) -> (m, l, o)` for q (B, H, N_q, d) against ONE split's keys k, v
+    (B, H, n, d), n >= 0, with m, l (B, H, N_q) and o (B, H, N_q, d) unnormalised; and
+    `combine(states) -> (o, lse)` merging the list of every split's state. float64, no mask."""
     rng = rng_for(seed)
     n = int(rng.integers(20, 60))
-    specs = [  # (label, (B, H, N_q, N_k, d), num_splits, k scale, hint)
-        (
-            "one split",
-            (1, 2, 1, n, 8),
-            1,
-            1.0,
-            "with one split this is plain attention: o = softmax(s) v",
-        ),
-        (
-            "4 splits",
-            (2, 2, 1, n, 8),
-            4,
-            3.0,
-            "rescale each split's l and o by exp(m_s - m) to the common max m before adding them",
-        ),
-        (
-            "3 splits, the last one short",
-            (1, 3, 2, 3 * (n // 3) + 1, 16),
-            3,
-            3.0,
-            "each split's share is exp(m_s - m) l_s: splits must be weighted, not averaged",
-        ),
-        (
-            "num_splits=8 > N_k=5",
-            (1, 1, 1, 5, 8),
-            8,
-            1.0,
-            "a split with no keys contributes nothing (m = -inf, l = 0), or is not made at all",
-        ),
-        (
-            "every score below -1000",
-            (1, 1, 1, 12, 4),
-            3,
-            -40.0,
-            "start the running max at -inf, not 0: "
-            "with all scores << 0, exp(s - 0) underflows to 0",
-        ),
+    specs = [  # (label, (B, H, N_q, N_k, d), splits as (c0, c1), k scale)
+        ("one split", (1, 2, 1, n, 8), decoding.split_bounds(n, 1), 1.0),
+        ("4 splits", (2, 2, 1, n, 8), decoding.split_bounds(n, 4), 3.0),
+        ("3 splits, the last one short", (1, 3, 2, 3 * (n // 3) + 1, 16), None, 3.0),
+        ("one key per split", (1, 1, 1, 5, 8), decoding.split_bounds(5, 5), 1.0),
+        ("a split with no keys", (1, 2, 2, 9, 4), [(0, 4), (4, 4), (4, 9)], 1.0),
+        ("every score below -1000", (1, 1, 1, 12, 4), decoding.split_bounds(12, 3), -40.0),
     ]
+    hint = (
+        "each split's (m, l, o) and the merged (o, lse) must be exact"
+        if combine is not None
+        else "pass your combine function too: checks.split_kv_decode(split_state, combine)"
+    )
     cases = []
-    for label, shape, splits, k_scale, hint in specs:
+    for label, shape, splits, k_scale in specs:
+        splits = splits or decoding.split_bounds(shape[3], 3)
         q, k, v = random_qkv(*shape, "float64", seed=rng)
         if k_scale < 0:  # q >= 40, k <= -40 elementwise: scores <= -1600 d / sqrt(d)
             q, k = (abs(q) + 1) * -k_scale, -(abs(k) + 1) * -k_scale
         else:
             k = k * k_scale
+        states = [split_state(q, k[..., c0:c1, :], v[..., c0:c1, :]) for c0, c1 in splits]
         cases.append(
             Case(
                 f"{label}, N_k={shape[3]}",
-                (q, k, v, splits),
-                reference.forward(q, k, v),
+                (),
+                (states, reference.forward(q, k, v), (q, k, v)),
                 hint=hint,
-                check=_check_decode,
+                check=_decode_check,
+                inputs=f"q {q.shape}, k and v {k.shape}; splits {splits}",
+                call=_split_call(q, k, v, splits, combine),
             )
         )
-    return grade("split_kv_decode", fn, cases, solution_name=split_kv_decode.solution_name, out=out)
+    return grade("split_kv_decode", fn, cases, out=out, forbid=True)
 
 
-@grader("flashedu.ring.traffic_per_step")
+# --------------------------------------------------------------------------------------------- 9.3
+
+
+def _ring_bytes(B, H, H_kv, N_k, d, W, itemsize, *, tensors=2, heads="kv", rows="all",
+                last_sends=False):  # fmt: skip
+    n = {"all": N_k, "shard": N_k // W, "padded": -(-N_k // W) * W}[rows]
+    per_step = tensors * B * (H_kv if heads == "kv" else H) * n * d * itemsize
+    return [per_step] * (W if last_sends else W - 1) + ([] if last_sends else [0])
+
+
+_RING_MISTAKES = {
+    "only K was counted; V travels too": {"tensors": 1},
+    "the last step sends too; after it every rank has seen every shard": {"last_sends": True},
+    "one shard was counted per step; every rank passes its shard at once": {"rows": "shard"},
+    "the H query heads were counted; only the H_kv K/V heads travel": {"heads": "q"},
+    "the shards were padded to equal sizes; together they hold exactly N_k rows": {
+        "rows": "padded"
+    },
+}
+
+_RING_FORMULA = """
+bytes at each of the first W - 1 steps = 2 B H_kv N_k d itemsize (K and V, all shards, one hop);
+0 at the last step.
+"""
+
+
+@grader("flashedu.ring.traffic_per_step", formula=_RING_FORMULA)
 def ring_bytes(fn, *, seed=None, out=print):
     """Grade `fn(B, H, H_kv, N_k, d, world_size, itemsize) -> list[int]`: bytes sent over all ring
     links at each step of the ring forward (one entry per step, world_size steps)."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
-    specs = [  # (label, (B, H, H_kv, N_k, d, world_size, itemsize), hint)
-        (
-            "2 ranks, fp16",
-            (1, 1, 1, 2 * r(8, 64), 64, 2, 2),
-            "both K and V travel, and every step but the last sends: W - 1 hops",
-        ),
-        (
-            "4 ranks, fp32",
-            (2, 4, 4, 4 * r(8, 64), 32, 4, 4),
-            "every rank passes its K/V shard at each step: all N_k rows cross the ring per step",
-        ),
-        (
-            "GQA: H=8, H_kv=2",
-            (1, 8, 2, 3 * r(8, 64), 64, 3, 2),
-            "with GQA only the H_kv K/V heads travel, not the H query heads",
-        ),
-        (
-            "ragged: N_k not a multiple of W",
-            (1, 2, 2, 3 * r(8, 64) + 1, 16, 3, 2),
-            "shards may differ in size, but together they still hold all N_k rows",
-        ),
+    specs = [  # (label, (B, H, H_kv, N_k, d, world_size, itemsize))
+        ("2 ranks, fp16", (1, 1, 1, 2 * r(8, 64), 64, 2, 2)),
+        ("4 ranks, fp32", (2, 4, 4, 4 * r(8, 64), 32, 4, 4)),
+        ("GQA: H=8, H_kv=2", (1, 8, 2, 3 * r(8, 64), 64, 3, 2)),
+        ("ragged: N_k not a multiple of W", (1, 2, 2, 3 * r(8, 64) + 1, 16, 3, 2)),
     ]
-    cases = []
-    for label, args, hint in specs:
-        cases.append(
-            Case(label, args, ring.traffic_per_step(*(args[:1] + args[2:])), hint=hint, check=_same)
+    cases = [
+        Case(
+            label,
+            args,
+            ring.traffic_per_step(*(args[:1] + args[2:])),
+            hint="count what crosses the ring links at each step",
+            check=_same,
+            mistakes={why: _ring_bytes(*args, **kw) for why, kw in _RING_MISTAKES.items()},
         )
-    return grade("ring_bytes", fn, cases, solution_name=ring_bytes.solution_name, out=out)
+        for label, args in specs
+    ]
+    return grade("ring_bytes", fn, cases, out=out, forbid=True)

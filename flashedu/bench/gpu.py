@@ -1,13 +1,13 @@
 """The GPU timing sweep: flashedu's Triton kernels against PyTorch SDPA's FLASH, cuDNN and EFFICIENT
 backends.
 
-    from flashedu import bench_gpu
-    result = bench_gpu.run(out="notebooks/results/h200_attention.json")
+    from flashedu.bench import gpu
+    result = gpu.run(out="notebooks/results/h200_attention.json")
 
-`python -m flashedu.bench` calls `run` on a CUDA machine; `python -m flashedu.gpu_check` calls it
-after the correctness matrix and adds peak memory against context length. The sweep follows the
-FlashAttention-2 paper's setting (Dao 2023, Sec. 4.1): B * N = 16k tokens, d = 64 with H = 32 or
-d = 128 with H = 16, N from 1k to 16k, causal and not, bf16 and fp16. FLOPs are
+`python -m flashedu.bench` calls `run` on a CUDA machine; `python -m flashedu.bench.gpu_check`
+calls it after the correctness matrix and adds peak memory against context length. The sweep
+follows the FlashAttention-2 paper's setting (Dao 2023, Sec. 4.1): B * N = 16k tokens, d = 64 with
+H = 32 or d = 128 with H = 16, N from 1k to 16k, causal and not, bf16 and fp16. FLOPs are
 `traffic.attention_flops`: forward 4 B H N^2 d, halved when causal; forward + backward 3.5x that.
 Each time is the median of `triton.testing.do_bench` (CUDA events, L2 flushed between calls) after
 the kernels are compiled and autotuned on the same shapes.
@@ -34,9 +34,9 @@ import torch.nn.functional as F
 import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
 import triton.testing  # noqa: E402
 
-from . import triton_attention as ta
-from .testing import tolerance
-from .traffic import attention_flops
+from .. import triton_attention as ta
+from ..testing import tolerance
+from ..traffic import attention_flops
 
 IMPLS = ("flashedu-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 FULL = dict(
@@ -163,7 +163,8 @@ def run(
     JSON to `out`."""
     if not torch.cuda.is_available():
         raise RuntimeError(
-            "bench_gpu.run needs a CUDA GPU; use `python -m flashedu.bench` for the CPU sweep"
+            "flashedu.bench.gpu.run needs a CUDA GPU; "
+            "use `python -m flashedu.bench` for the CPU sweep"
         )
     cfg = {**(QUICK if quick else FULL), **sweep}
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -344,7 +345,7 @@ EXPLORE = {
 def run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
     """Run one kernel ("fwd", "dkdv" or "dq") with a fixed launch config (BLOCK_M, BLOCK_N, warps,
     stages)."""
-    from . import triton_backward as tb
+    from .. import triton_backward as tb
 
     if kernel == "fwd":
         return ta.forward(q, k, v, causal=causal, **_kw(cfg))

@@ -36,7 +36,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from . import course
+from .._env import ROOT
+from . import manifest
 
 # npm package -> (version, sha512 integrity,
 # {path prefix in the tarball: destination under _assets/}). Only what a page loads: MathJax's
@@ -86,17 +87,17 @@ SKIP_SUFFIXES = (
 MATHJAX = "mathjax/tex-mml-chtml.js"  # relative to the site's _static/
 WIDGETS_JS = ("widgets/require.js", "widgets/embed-amd.js")
 NBVAL_LINE = re.compile(r"\s*#\s*NBVAL_[A-Z_]+\s*$")
-STATIC = Path(__file__).resolve().parent.parent / "book" / "_static"
+STATIC = ROOT / "book" / "_static"
 
 
-def chapter_label(index: int, chapter: course.Chapter) -> str:
+def chapter_label(index: int, chapter: manifest.Chapter) -> str:
     """'03 · The tiled forward pass': the number of the notebook's file name (else the manifest
     position)."""
     prefix = Path(chapter.notebook).name[:2]
     return f"{prefix if prefix.isdigit() else f'{index:02d}'} · {chapter.title}"
 
 
-def toc(chapters: list[course.Chapter]) -> dict:
+def toc(chapters: list[manifest.Chapter]) -> dict:
     """sphinx-external-toc's jb-book format: the landing page, then every chapter in manifest
     order."""
     return {
@@ -168,7 +169,7 @@ def config(book: dict, *, execute: bool, vendored: bool) -> dict:
     }
 
 
-def intro(book: dict, chapters: list[course.Chapter]) -> str:
+def intro(book: dict, chapters: list[manifest.Chapter]) -> str:
     """The landing page (MyST Markdown): what the course is, how to run it, every chapter with its
     objectives."""
     total = sum(c.minutes for c in chapters)
@@ -201,7 +202,7 @@ def stage(root: Path, src: Path, *, execute: bool, vendored: bool) -> list[Path]
     notebooks."""
     import yaml
 
-    book, chapters = course.load(root)
+    book, chapters = manifest.load(root)
     missing = [c.notebook for c in chapters if not (root / c.notebook).exists()]
     if missing:
         raise FileNotFoundError(
@@ -247,7 +248,7 @@ def strip_test_markers(path: Path, data: bytes) -> bytes:
     nb = json.loads(data)
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
-            lines = course.cell_source(cell).splitlines(keepends=True)
+            lines = manifest.cell_source(cell).splitlines(keepends=True)
             cell["source"] = "".join(l for l in lines if not NBVAL_LINE.match(l)).rstrip("\n")
     return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode()
 
@@ -370,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         help="rebuild (and re-execute) every chapter, not only those whose notebook changed; "
         "use it after changing the package",
     )
-    parser.add_argument("--root", type=Path, default=course.ROOT, help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    problems = course.check(args.root)
+    problems = manifest.check(args.root)
     if problems:
         print("\n".join(f"problem: {p}" for p in problems), file=sys.stderr)
         print("==> fix the course check first (python -m flashedu.course check)", file=sys.stderr)

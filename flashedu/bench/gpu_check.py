@@ -1,5 +1,5 @@
 """Check, then time, on a CUDA GPU:
-`PYTHONPATH=$PWD python -m flashedu.gpu_check --out results.json`.
+`PYTHONPATH=$PWD python -m flashedu.bench.gpu_check --out results.json`.
 
 1. Correctness matrix on fresh random inputs: fp16, bf16, fp32 x d in {64, 128} (and 16, 32, 256) x
    causal x ragged N_q != N_k both ways (with fully masked rows) x GQA, MQA, sliding windows and
@@ -9,7 +9,7 @@
    flashedu.testing's tolerance for its dtype, lse is within 1e-3 of float64, no NaN appears, and
    for fp16/bf16 the max error is at most twice SDPA's own plus 1e-6 (flash-attn's rule; fp32 rows
    record SDPA's error but are held to the tolerance table only).
-2. The timing sweep of `flashedu.bench_gpu.run` (Triton against SDPA's FLASH, cuDNN and EFFICIENT
+2. The timing sweep of `flashedu.bench.gpu.run` (Triton against SDPA's FLASH, cuDNN and EFFICIENT
    backends).
 3. Peak memory (torch.cuda.max_memory_allocated) against context length, 8k to 128k tokens,
    B = H = 1, d = 128, bf16: standard attention (S and P materialised) against the flashedu kernel.
@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import bench_gpu, masks, reference
-from .bench_gpu import EXPLORE, explore, run_fixed
-from .testing import max_error, random_qkv, tolerance
+from .. import masks, reference
+from ..testing import max_error, random_qkv, tolerance
+from . import gpu
+from .gpu import EXPLORE, explore, run_fixed
 
 DEVICE = (
     "cuda" if torch.cuda.is_available() else "cpu"
@@ -158,7 +159,7 @@ def _err(x, ref) -> float:
 def check_case(case: dict) -> list[dict]:
     """Run one case (fresh inputs) through the Triton kernels, SDPA and float64; one row per
     pass."""
-    from . import triton_attention as ta
+    from .. import triton_attention as ta
 
     seed = int.from_bytes(os.urandom(4), "little")
     q, k, v = random_qkv(
@@ -263,8 +264,8 @@ def _check_many(cases: list[dict]) -> list[dict]:
 def config_jobs(explore_too: bool) -> list[tuple]:
     """(dtype, d, causal, kernel, config) for every config the autotuner may pick (fp16/bf16, d
     64/128), and with explore_too every config of EXPLORE (bf16)."""
-    from . import triton_attention as ta
-    from . import triton_backward as tb
+    from .. import triton_attention as ta
+    from .. import triton_backward as tb
 
     tables = {"fwd": ta._fwd_table, "dkdv": tb._dkdv_table, "dq": tb._dq_table}
     jobs = {
@@ -339,8 +340,8 @@ def self_check() -> float:
 
 def autotune_choices() -> list[dict]:
     """The config the autotuner kept for each kernel and key in this process."""
-    from . import triton_attention as ta
-    from . import triton_backward as tb
+    from .. import triton_attention as ta
+    from .. import triton_backward as tb
 
     rows = []
     for name, kern in (
@@ -390,7 +391,7 @@ def check_everything(
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m flashedu.gpu_check", description=__doc__.splitlines()[0]
+        prog="python -m flashedu.bench.gpu_check", description=__doc__.splitlines()[0]
     )
     p.add_argument("--out", default="notebooks/results/h200_attention.json")
     p.add_argument("--quick", action="store_true", help="a smaller matrix and sweep")
@@ -400,14 +401,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-bench", action="store_true", help="correctness (and memory) only")
     p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     a = p.parse_args(argv)
+    if a.workers < 1:
+        p.error(f"--workers must be >= 1, got {a.workers}")
     log = lambda *s, **kw: print(*s, **{"flush": True, **kw})  # noqa: E731
     configs, correctness = check_everything(a.workers, a.quick, a.explore, log)
     ok = all(r["ok"] for r in configs + correctness)
     result = {
         "meta": {
-            **bench_gpu.versions(),
-            "command": "python -m flashedu.gpu_check " + " ".join(argv or sys.argv[1:]),
-            "matmul_bf16_tflops": bench_gpu.matmul_tflops(),
+            **gpu.versions(),
+            "command": "python -m flashedu.bench.gpu_check " + " ".join(argv or sys.argv[1:]),
+            "matmul_bf16_tflops": gpu.matmul_tflops(),
         },
         "correctness": correctness,
         "configs": configs,
@@ -420,12 +423,12 @@ def main(argv=None) -> int:
         result["explore"] = explore(log=log)
         save()
     if not a.no_bench:
-        bench = bench_gpu.run(quick=a.quick, log=log)
+        bench = gpu.run(quick=a.quick, log=log)
         result["timing"], result["refused"] = bench["timing"], bench["refused"]
         result["meta"].update(sweep=bench["meta"]["sweep"], autotuned=autotune_choices())
         save()
-        log(bench_gpu.table(bench["timing"]))
-    result["memory"] = bench_gpu.measure_memory(log=log)
+        log(gpu.table(bench["timing"]))
+    result["memory"] = gpu.measure_memory(log=log)
     save()
     log(f"wrote {a.out}; correctness {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

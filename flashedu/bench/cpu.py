@@ -1,5 +1,5 @@
-"""Benchmarks: check every implementation against the float64 reference, then time it, then write
-JSON.
+"""The CPU benchmark: check every implementation against the float64 reference, then time it, then
+write JSON.
 
     python -m flashedu.bench                 # CPU sweep here, or the GPU sweep when CUDA is present
     python -m flashedu.bench --quick         # a small sweep that takes seconds
@@ -9,10 +9,9 @@ llm.c's order, "validate, then benchmark": each implementation first runs on fre
 (N_q != N_k, causal and not, fully masked rows) against `flashedu.reference`; one that fails is
 refused: reported, not timed. Then a sweep with a plain-text progress bar, a table of wall time,
 TFLOP/s (`traffic.attention_flops`) and the time ratio to a baseline timed in the same run, and JSON
-in `notebooks/results/` with the date, the machine, the GPU and the versions (the environment
-variable FLASHEDU_RESULTS names another folder). CPU sweep: NumPy `naive` and `tiled`,
-`torch_tiled`, PyTorch's SDPA. On a CUDA machine `flashedu.bench_gpu.run` times Triton against
-SDPA's FLASH, cuDNN and EFFICIENT backends.
+in `notebooks/results/` (`flashedu.bench.results`) with the date, the machine and the versions.
+CPU sweep: NumPy `naive` and `tiled`, `torch_tiled`, PyTorch's SDPA. On a CUDA machine
+`flashedu.bench.gpu.run` times Triton against SDPA's FLASH, cuDNN and EFFICIENT backends.
 
 Limits: CPU time is the median wall time of a few calls after a warm-up call, so it is noisy on a
 shared machine. Peak extra memory comes from tracemalloc during the warm-up call, which sees NumPy's
@@ -26,29 +25,20 @@ Introduced in notebooks/08_benchmarks.ipynb.
 from __future__ import annotations
 
 import inspect
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 import tracemalloc
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from . import masks, reference
-from .course import ROOT
-from .registry import IMPLEMENTATIONS
-from .testing import assert_close, convert, max_error
-from .traffic import attention_flops
+from .. import masks, reference
+from ..registry import IMPLEMENTATIONS
+from ..testing import assert_close, convert, max_error
+from .results import add_ratios, meta, table, tflops, write
 
-RESULTS = Path(
-    os.environ.get("FLASHEDU_RESULTS") or ROOT / "notebooks" / "results"
-)  # where results are read and written
 CPU_IMPLS = ("naive", "tiled", "torch_tiled", "sdpa")
 FULL = dict(N=[1024, 2048, 4096, 8192, 16384], B=1, H=1, d=64, repeats=3)
 QUICK = dict(N=[256, 512], B=1, H=2, d=64, repeats=2)
@@ -60,31 +50,6 @@ CHECK_CASES = [
     (1, 3, 17, 1, False),
     (1, 2, 97, 33, True),
 ]
-
-
-# ------------------------------------------------------------------------------------- closed forms
-
-
-def tflops(
-    B: int, H: int, N: int, d: int, ms: float, *, causal: bool = False, pass_: str = "fwd"
-) -> float:
-    """Achieved TFLOP/s of one attention call that took `ms` milliseconds (matmul FLOPs only)."""
-    return attention_flops(B, H, N, N, d, causal=causal, pass_=pass_) / (ms * 1e-3) / 1e12
-
-
-def memory_model(impl: str, B: int, H: int, N: int, d: int, *, itemsize: int = 2) -> int:
-    """Bytes a forward pass keeps in HBM at its peak: a model, not a measurement.
-
-    Both keep Q, K, V and O, which is 4 B H N d elements. "naive" also keeps S and P, which is 2 B H
-    N^2 elements (Dao et al. 2022, Algorithm 0). "flash" keeps only the float32 lse, B H N values
-    (Dao et al. 2022, Sec. 3.1).
-    """
-    qkvo = 4 * B * H * N * d * itemsize
-    if impl == "naive":
-        return qkvo + 2 * B * H * N * N * itemsize
-    if impl == "flash":
-        return qkvo + B * H * N * 4
-    raise ValueError(f"memory_model: impl must be 'naive' or 'flash', got {impl!r}")
 
 
 # --------------------------------------------------------------------------------------- backends
@@ -346,67 +311,6 @@ def sweep(
     return timing, skipped
 
 
-def add_ratios(timing: list[dict], baseline: str) -> None:
-    """Set row["ratio"] = ms / ms of `baseline` at the same (N, d, causal, pass, dtype) in this
-    run."""
-
-    def key(r):
-        return r["N"], r["d"], r["causal"], r["pass"], r["dtype"]
-
-    base = {key(r): r["ms"] for r in timing if r["impl"] == baseline}
-    for r in timing:
-        r["ratio"] = r["ms"] / base[key(r)] if key(r) in base else None
-
-
-def table(timing: list[dict], baseline: str) -> str:
-    """Fixed-width: impl, N, causal, pass, ms, TFLOP/s, peak extra memory, time ratio to the
-    baseline."""
-    lines = [
-        f"{'impl':<16}{'N':>7}{'causal':>8}{'pass':>9}{'ms':>11}{'TFLOP/s':>10}{'peak MiB':>10}"
-        f"{'time / ' + baseline:>18}"
-    ]
-    for r in timing:
-        peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**20:.1f}"
-        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
-        lines.append(
-            f"{r['impl']:<16}{r['N']:>7}{str(r['causal']):>8}{r['pass']:>9}{r['ms']:>11.3f}"
-            f"{r['tflops']:>10.4f}{peak:>10}{ratio:>18}"
-        )
-    return "\n".join(lines)
-
-
-def meta(command: str, seed: int, config: dict) -> dict:
-    """Date, machine, GPU (None on the CPU path), versions, the command line and the sweep
-    settings."""
-    from . import __version__
-
-    versions = {
-        "python": platform.python_version(),
-        "flashedu": __version__,
-        "numpy": np.__version__,
-    }
-    for mod in ("torch", "triton"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except ImportError:
-            versions[mod] = None
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "processor": platform.processor() or None,
-            "cpu_count": os.cpu_count(),
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        },
-        "gpu": None,
-        "versions": versions,
-        "command": command,
-        "seed": seed,
-        "config": config,
-    }
-
-
 def _check_all(bks, cfg, rng, log) -> tuple[list[dict], list[Backend]]:
     correctness, good = [], []
     for b in bks:
@@ -492,26 +396,3 @@ def run_cpu(
     if out is not None:
         log(f"wrote {write(result, out)}")
     return result
-
-
-def write(result: dict, out) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    return out
-
-
-def load_results(directory=RESULTS) -> dict[str, dict]:
-    """Every result file in `directory` by file name; {} when there are none."""
-    return {p.name: json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m flashedu.bench ...`; the argument parser lives in `flashedu.__main__`."""
-    from .__main__ import bench_main
-
-    return bench_main(sys.argv[1:] if argv is None else argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

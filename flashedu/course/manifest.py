@@ -1,11 +1,13 @@
 """The course manifest (`book.toml`) and its consistency check.
 
-    python -m flashedu.course check     # manifest <-> notebooks <-> modules <-> exercises
-    python -m flashedu.course list      # chapters in order
-    python -m flashedu.course book      # the static course in _build/html (see flashedu/book.py)
+    python -m flashedu.course check       # manifest <-> notebooks <-> modules <-> exercises
+    python -m flashedu.course list        # chapters in order
+    python -m flashedu.course notebooks   # the notebooks in course order, one line (the Makefile)
+    python -m flashedu.course book        # the static course in _build/html (flashedu.course.book)
 
-Not taught in a notebook: it holds the course together. Checked, each problem reported as one
-sentence that names the chapter, the file and what is expected:
+Not taught in a notebook: it holds the course together, and it is the one reader of book.toml.
+Checked, each problem reported as one sentence that names the chapter, the file and what is
+expected:
 - the manifest: a [book] title; per chapter an id, title, notebook, modules, objectives
   (non-empty list of text) and minutes (positive whole number); ids and notebooks unique; chapter NN
   (its place in the manifest, from 00) has an id starting "NN-" and a notebook named
@@ -26,12 +28,12 @@ from __future__ import annotations
 import importlib
 import json
 import re
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from .._env import ROOT
+
 REQUIRED = ("id", "title", "notebook", "modules", "objectives", "minutes")
 MIN_EXERCISES = 2
 
@@ -78,6 +80,11 @@ def load(root: Path = ROOT) -> tuple[dict, list[Chapter]]:
     with open(root / "book.toml", "rb") as f:
         data = tomllib.load(f)
     return data.get("book", {}), [_chapter(i, c) for i, c in enumerate(data.get("chapter", []))]
+
+
+def notebooks(root: Path = ROOT) -> list[str]:
+    """The chapters' notebooks in course order, as book.toml lists them (paths from the root)."""
+    return [c.notebook for c in load(root)[1]]
 
 
 def read_notebook(path: Path) -> dict:
@@ -129,7 +136,7 @@ def _check_manifest(book: dict, chapters: list[Chapter]) -> list[str]:
     return problems
 
 
-def _check_first_cell(path: Path, label: str, c: Chapter) -> list[str]:
+def check_first_cell(path: Path, label: str, c: Chapter) -> list[str]:
     try:
         kind, text = first_cell_text(path)
     except ValueError as e:
@@ -246,7 +253,7 @@ def check(root: Path = ROOT) -> list[str]:
         if not path.exists():
             problems.append(f"{label}: notebook {c.notebook} does not exist")
         else:
-            problems += _check_first_cell(path, label, c)
+            problems += check_first_cell(path, label, c)
             try:
                 text = "\n".join(cell_source(cell) for cell in read_notebook(path)["cells"])
             except ValueError:
@@ -258,35 +265,3 @@ def check(root: Path = ROOT) -> list[str]:
                 problems += _check_module(label, m, listed)
                 checked.add(m)
     return problems
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    cmd = args[0] if args else "check"
-    if cmd == "check":
-        problems = check()
-        for p in problems:
-            print("problem:", p)
-        try:
-            n = f"{len(load()[1])} chapters"
-        except ValueError:
-            n = "book.toml unreadable"
-        print(
-            f"{n}, {len(problems)} problem(s)" + ("" if problems else ": the course is consistent")
-        )
-        return 1 if problems else 0
-    if cmd == "list":
-        _, chapters = load()
-        for c in chapters:
-            print(f"{c.id:<24} {c.minutes:>3} min  {c.notebook}")
-        return 0
-    if cmd == "book":
-        from . import book  # the static site builder
-
-        return book.main(args[1:])
-    print(f"usage: python -m flashedu.course [check|list|book], got {cmd!r}", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

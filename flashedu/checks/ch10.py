@@ -1,0 +1,295 @@
+"""Graders for notebooks/10_in_practice.ipynb: FlexAttention score mods and mask mods.
+
+Each exercise asks for a factory that returns a mod with FlexAttention's signature, e.g.
+`my_softcap(cap) -> score_mod(score, b, h, q_idx, kv_idx)`. A grader evaluates the learner's mod on
+the whole (B, H, N_q, N_k) grid (`flashedu.flex.score_array` / `mask_array`) and runs it through
+torch's FlexAttention (eager, float64, CPU). It compares the modded scores or the mask with the
+definition written out in NumPy, and the output with the float64 softmax of those explicit scores
+(`flashedu.reference.forward` fed the explicit mask, or ALiBi slopes), so the mod is checked both as
+a function and in use. A wrong answer is matched against the classic mistakes (a flipped sign, an
+exclusive window edge, a prefix that is only causal, a document mask that lets tokens see other
+documents, ...), which the line names; otherwise it shows the first wrong entry.
+
+Limits: forward only (FlexAttention has no backward on CPU in torch 2.13); small shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import flex, masks, reference, softmax
+from ..testing import max_error
+from ._core import Case, grade, grader, rng_for
+
+__all__ = [
+    "alibi_mod",
+    "softcap_mod",
+    "relative_bias_mod",
+    "sliding_window_mask",
+    "prefix_lm_mask",
+    "document_mask",
+]
+
+_TOL = 1e-10
+
+
+def _qkv(rng, B, H, N, d=8, scale=1.0):
+    return tuple(torch.from_numpy(rng.standard_normal((B, H, N, d)) * scale) for _ in range(3))
+
+
+def _grid(N):
+    """i (N, 1), j (1, N): query and key positions."""
+    return np.arange(N)[:, None], np.arange(N)[None, :]
+
+
+def _first_wrong(got: np.ndarray, want: np.ndarray) -> str:
+    b, h, i, j = (int(x) for x in np.argwhere(np.abs(got - want) > _TOL)[0])
+    return (
+        f"; first wrong: head {h}, query {i}, key {j}: {got[b, h, i, j]:.4g}, "
+        f"expected {want[b, h, i, j]:.4g}"
+    )
+
+
+def _checker(part: str, mistakes: dict[str, np.ndarray]):
+    """Compare (array, o) with the expected pair; name the mistake whose array the answer equals."""
+
+    def check(got, expected):
+        (arr, o), (want, o_ref) = got, expected
+        arr, want = arr.astype(float), want.astype(float)
+        if arr.shape != want.shape:
+            return False, f"{part} has shape {arr.shape}, expected {want.shape}"
+        err, err_o = max_error(arr, want)[0], max_error(o, o_ref)[0]
+        if err <= _TOL:
+            return err_o <= _TOL, f"{part} max|diff|={err:.1e}, o max|diff|={err_o:.1e}"
+        wrong = int((np.abs(arr - want) > _TOL).sum()) if np.isfinite(err) else arr.size
+        detail = f"{part}: {wrong} of {arr.size} entries wrong (o max|diff|={err_o:.1e})"
+        for why, bad in mistakes.items():
+            if max_error(arr, bad.astype(float))[0] <= _TOL:
+                return False, f"{detail}: {why}"
+        return False, detail + (_first_wrong(arr, want) if np.isfinite(err) else "")
+
+    return check
+
+
+def _runner(make, kind: str):
+    """Wrap the learner's factory: (params, q, k, v, mask_mod) -> (array on the grid, o by flex)."""
+
+    def run(params, q, k, v, mask_mod=None):
+        mod = make(*params)
+        if not callable(mod):
+            raise TypeError(f"expected a {kind} function, got {type(mod).__name__}")
+        if kind == "mask_mod":
+            arr = flex.mask_array(mod, *q.shape[:3], k.shape[2])
+            return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
+        arr = flex.score_array(mod, flex.dense_scores(q, k))
+        return arr, flex.flex_forward(q, k, v, score_mod=mod, mask_mod=mask_mod, block_size=16)[0]
+
+    return run
+
+
+def _attend(scores: np.ndarray, v) -> np.ndarray:
+    """softmax(scores) @ v in float64: the output for explicitly modded scores (B, H, N_q, N_k)."""
+    return softmax.finalize(*softmax.state(scores, v.numpy()))[0]
+
+
+def _score_case(label, params, qkv, want, mistakes, hint, o_ref=None, mask_mod=None) -> Case:
+    expected = (want, _attend(want, qkv[2]) if o_ref is None else o_ref)
+    return Case(
+        label, (params, *qkv, mask_mod), expected, hint=hint, check=_checker("scores", mistakes)
+    )
+
+
+def _mask_case(label, rng, params, want: np.ndarray, mistakes: dict, hint: str, H=2) -> Case:
+    """A mask-mod case on fresh (1, H, N, N) inputs; want and mistakes are (N, N) bool masks."""
+    N = want.shape[0]
+    q, k, v = _qkv(rng, 1, H, N)
+    full = lambda m: np.broadcast_to(m, (1, H, N, N))  # noqa: E731
+    expected = (full(want), reference.forward(q, k, v, attn_mask=want)[0])
+    return Case(
+        label,
+        (params, q, k, v),
+        expected,
+        hint=hint,
+        check=_checker("mask", {why: full(m) for why, m in mistakes.items()}),
+    )
+
+
+def _grade(name, fn, kind, cases, g, out):
+    return grade(name, _runner(fn, kind), cases, solution_name=g.solution_name, out=out)
+
+
+# ------------------------------------------------------------------------------------ score mods
+
+
+@grader("flashedu.flex.alibi")
+def alibi_mod(fn, *, seed=None, out=print):
+    """Grade `fn(slopes) -> score_mod`: score - slopes[h] * |q_idx - kv_idx|, slopes (H,)."""
+    rng = rng_for(seed)
+    cases = []
+    for H, N, causal, hint in [
+        (1, 7, False, "subtract slope * |q_idx - kv_idx| from the score"),
+        (4, 23, True, "one slope per head: slopes[h]"),
+        (8, 33, False, "ALiBi penalises distance both ways: |q_idx - kv_idx|"),
+    ]:
+        q, k, v = _qkv(rng, 2, H, N)
+        slopes = masks.alibi_slopes(H) * rng.uniform(0.5, 2.0)  # fresh, still one per head
+        s, (i, j) = flex.dense_scores(q, k), _grid(N)
+        dist = slopes[:, None, None] * np.abs(i - j)  # (H, N, N)
+        mistakes = {
+            "wrong sign: ALiBi subtracts slope * distance, so far keys score lower": s + dist,
+            "no absolute value: keys after the query are penalised too, |q_idx - kv_idx|": s
+            - slopes[:, None, None] * (i - j),
+            "one slope for all heads: index the slopes by the head, slopes[h]": s
+            - slopes[0] * np.abs(i - j),
+            "the distance is not multiplied by the head's slope": s - np.abs(i - j),
+        }
+        o_ref = reference.forward(q, k, v, causal=causal, alibi_slopes=slopes)[0]
+        label = f"H={H}, N={N}" + (", causal" if causal else "")
+        cases.append(
+            _score_case(
+                label,
+                (torch.from_numpy(slopes),),
+                (q, k, v),
+                s - dist,
+                mistakes,
+                hint,
+                o_ref,
+                flex.causal() if causal else None,
+            )
+        )
+    return _grade("alibi_mod", fn, "score_mod", cases, alibi_mod, out)
+
+
+@grader("flashedu.flex.softcap")
+def softcap_mod(fn, *, seed=None, out=print):
+    """Grade `fn(cap) -> score_mod`: cap * tanh(score / cap)."""
+    rng = rng_for(seed)
+    cases = []
+    for cap, scale, what, hint in [
+        (50.0, 1.0, "scores << cap", "far below the cap, soft-capping changes little"),
+        (5.0, 3.0, "scores >> cap", "every capped score lies strictly inside (-cap, cap)"),
+        (20.0, 2.5, "both", "cap * tanh(score / cap)"),
+    ]:
+        cap *= rng.uniform(0.8, 1.25)
+        q, k, v = _qkv(rng, 1, 2, int(rng.integers(17, 40)), scale=scale)
+        s = flex.dense_scores(q, k)
+        mistakes = {
+            "not scaled back: multiply by cap after the tanh": np.tanh(s / cap),
+            "score not divided by cap inside the tanh": cap * np.tanh(s),
+            "a hard clamp is not soft-capping: use cap * tanh(score / cap)": np.clip(s, -cap, cap),
+            "tanh(score) alone: divide by cap inside, multiply by cap outside": np.tanh(s),
+        }
+        label = f"cap={cap:.3g}, {what}"
+        cases.append(_score_case(label, (cap,), (q, k, v), cap * np.tanh(s / cap), mistakes, hint))
+    return _grade("softcap_mod", fn, "score_mod", cases, softcap_mod, out)
+
+
+@grader("flashedu.flex.relative_bias")
+def relative_bias_mod(fn, *, seed=None, out=print):
+    """Grade `fn(table, max_distance) -> score_mod`: score + table[h, clip(kv - q, -D, D) + D]
+    with table (H, 2 D + 1) and D = max_distance."""
+    rng = rng_for(seed)
+    cases = []
+    for H, N, D, hint in [
+        (1, 5, 4, "add table[h, kv_idx - q_idx + D]"),
+        (3, 9, 8, "each head has its own row of the table: table[h, ...]"),
+        (2, 30, 3, "offsets beyond D share the end entries: clamp kv_idx - q_idx to [-D, D]"),
+    ]:
+        q, k, v = _qkv(rng, 1, H, N)
+        table = rng.standard_normal((H, 2 * D + 1))
+        s, (i, j) = flex.dense_scores(q, k), _grid(N)
+        rel = np.clip(j - i, -D, D) + D
+        mistakes = {
+            "offset reversed: index by kv_idx - q_idx, not q_idx - kv_idx": s
+            + table[:, np.clip(i - j, -D, D) + D],
+            "one row for all heads: index the table by the head, table[h, ...]": s + table[0][rel],
+            "offset not shifted: add D so that -D .. D maps to 0 .. 2D": s
+            + table[:, np.clip(j - i, -D, D) % (2 * D + 1)],
+        }
+        label = f"H={H}, N={N}, D={D}" + (" (clipped)" if N > D + 1 else "")
+        cases.append(
+            _score_case(
+                label, (torch.from_numpy(table), D), (q, k, v), s + table[:, rel], mistakes, hint
+            )
+        )
+    return _grade("relative_bias_mod", fn, "score_mod", cases, relative_bias_mod, out)
+
+
+# ------------------------------------------------------------------------------------- mask mods
+
+
+@grader("flashedu.flex.sliding_window")
+def sliding_window_mask(fn, *, seed=None, out=print):
+    """Grade `fn(window) -> mask_mod`: query i sees key j iff i - window <= j <= i (causal window,
+    flashedu's window_size=(window, 0))."""
+    rng = rng_for(seed)
+    cases = []
+    for N, w, hint in [
+        (9, 0, "window 0 keeps only kv_idx == q_idx"),
+        (int(rng.integers(15, 30)), 3, "keys from q_idx - window to q_idx, both ends included"),
+        (40, int(rng.integers(5, 9)), "a sliding window is causal and bounded"),
+    ]:
+        i, j = _grid(N)
+        mistakes = {
+            "off by one: the window is inclusive, q_idx - kv_idx <= window": (i >= j) & (i - j < w),
+            "keys after the query are visible: the window is causal too": np.abs(i - j) <= w,
+            "that is causal attention: also hide keys more than `window` back": j <= i,
+            "one key too many: q_idx - kv_idx <= window": (i >= j) & (i - j <= w + 1),
+        }
+        want = (i >= j) & (i - j <= w)
+        cases.append(_mask_case(f"N={N}, window={w}", rng, (w,), want, mistakes, hint))
+    return _grade("sliding_window_mask", fn, "mask_mod", cases, sliding_window_mask, out)
+
+
+@grader("flashedu.flex.prefix_lm")
+def prefix_lm_mask(fn, *, seed=None, out=print):
+    """Grade `fn(prefix_len) -> mask_mod`: every query sees keys 0 .. prefix_len - 1, and the
+    others causally (kv_idx <= q_idx)."""
+    rng = rng_for(seed)
+    cases = []
+    for N, p, hint in [
+        (12, 0, "with prefix_len = 0 this is causal attention"),
+        (int(rng.integers(16, 30)), 5, "queries in the prefix see the whole prefix"),
+        (33, int(rng.integers(8, 12)), "kv_idx < prefix_len, or kv_idx <= q_idx"),
+    ]:
+        i, j = _grid(N)
+        mistakes = {
+            "the prefix is not bidirectional: all queries see every prefix key": j <= i,
+            "off by one: the prefix is keys 0 .. prefix_len - 1": (j <= i) | (j <= p),
+            "the prefix is a set of keys: prefix queries must not see the suffix": (j <= i)
+            | (i < p),
+            "`and` instead of `or`: visible if in the prefix OR not after the query": (j <= i)
+            & (j < p),
+        }
+        want = (j <= i) | (j < p)
+        cases.append(_mask_case(f"N={N}, prefix_len={p}", rng, (p,), want, mistakes, hint))
+    return _grade("prefix_lm_mask", fn, "mask_mod", cases, prefix_lm_mask, out)
+
+
+@grader("flashedu.flex.document")
+def document_mask(fn, *, seed=None, out=print):
+    """Grade `fn(cu_seqlens) -> mask_mod`: packed documents, causal within each; query i sees key j
+    iff j <= i and both lie in the same document (cu_seqlens: (n + 1,) int32 prefix sums)."""
+    rng = rng_for(seed)
+    cases = []
+    for lengths, hint in [
+        ([int(rng.integers(8, 20))], "a single document is plain causal attention"),
+        ([5, int(rng.integers(6, 12))], "never another document: compare the documents of both"),
+        ([1, 17, 64, 3], "document s holds tokens cu[s] .. cu[s + 1] - 1"),
+        ([4, 0, int(rng.integers(3, 9))], "lengths may be 0"),
+    ]:
+        cu = np.cumsum([0, *lengths])
+        N = int(cu[-1])
+        doc = np.repeat(np.arange(len(lengths)), lengths)
+        early = np.searchsorted(cu[1:], np.arange(N), side="left")  # doc start -> previous doc
+        (i, j), same = _grid(N), doc[:, None] == doc[None, :]
+        mistakes = {
+            "tokens see other documents: require the same document for both": j <= i,
+            "not causal: within a document a token sees only earlier tokens": same,
+            "document ids off by one: token cu_seqlens[s] starts document s": (j <= i)
+            & (early[:, None] == early[None, :]),
+        }
+        params = (torch.tensor(cu, dtype=torch.int32),)
+        cases.append(_mask_case(f"lengths {lengths}", rng, params, same & (j <= i), mistakes, hint))
+    return _grade("document_mask", fn, "mask_mod", cases, document_mask, out)

@@ -1,0 +1,320 @@
+"""Graders for notebooks/11_hopper.ipynb: the exponential budget, an FP8 block quantiser, rotation.
+
+Exercise 11.1 asks for the seconds of matmul and of exponentials in one forward (the solution is
+`flashedu.hopper.softmax_budget`); a wrong pair is matched against the usual slips (causal not
+halved, one matmul, an exp per multiply-add, TFLOP/s taken as FLOP/s, ...). Exercise 11.2 asks for
+e4m3 codes with one scale per block of rows (`flashedu.fp8.quantize`); the grader checks the method,
+not only the values: one global scale, scale = max instead of max / 448 and a zero scale are named,
+and each line shows the worst block's error beside that of one global scale. Exercise 11.3 asks for
+the random Hadamard rotation of Q and K (`flashedu.fp8.rotate`): the scores must not change, an
+outlier must be spread, and the signs must come from the seed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import fp8, hopper
+from ._core import Case, Report, grade, grader, number_or_none, rng_for
+
+__all__ = ["exp_budget", "fp8_block_quantize", "hadamard_rotation"]
+
+_REL = 1e-9
+
+
+_SLIPS = [  # (what went wrong, factor on t_matmul, factor on t_exp); strings name a symbol
+    ("one matmul counted: Q K^T and P V are 2 N^2 d FLOPs each (2 per multiply-add)", 0.5, 1),
+    ("an exponential per multiply-add: there is one exp per score, B H N^2 of them", 1, "d"),
+    ("TFLOP/s used as FLOP/s: multiply the rates by 1e12", 1e12, 1e12),
+    ("that is milliseconds: return seconds", 1e3, 1e3),
+    ("B H left out: every (batch, head) pair does the work", "1/BH", "1/BH"),
+    ("the rates are swapped: matmuls run at matmul_tflops, exps at sfu_tflops", "mm/sfu", "sfu/mm"),
+]
+_CAUSAL_SLIPS = [
+    ("the exps were not halved for the causal mask: a masked score needs no exp", 1, 2),
+    ("the matmul FLOPs were not halved for the causal mask", 2, 1),
+    ("causal was not halved: the mask skips half the scores, their matmuls and exps", 2, 2),
+]
+
+
+def _budget_mistakes(B, H, N, d, causal, mm, sfu) -> dict[str, tuple[float, float]]:
+    tm, te = hopper.softmax_budget(B, H, N, d, causal=causal, matmul_tflops=mm, sfu_tflops=sfu)
+    sym = {"d": d, "1/BH": 1 / (B * H), "mm/sfu": mm / sfu, "sfu/mm": sfu / mm}
+    slips = _SLIPS + (_CAUSAL_SLIPS if causal else [])
+    wrong = {why: (tm * sym.get(a, a), te * sym.get(b, b)) for why, a, b in slips}
+    wrong["returned (t_exp, t_matmul): the order is (t_matmul, t_exp)"] = (te, tm)
+    return wrong
+
+
+def _pair(got) -> tuple[float, float] | None:
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return None
+    a, b = number_or_none(got[0]), number_or_none(got[1])
+    return None if a is None or b is None else (a, b)
+
+
+def _budget_check(mistakes: dict[str, tuple[float, float]]):
+    def close(x, y) -> bool:
+        return all(abs(a - b) <= _REL * abs(b) for a, b in zip(x, y))
+
+    def check(got, expected) -> tuple[bool, str]:
+        g = _pair(got)
+        if g is None:
+            return False, f"expected a pair of finite numbers (t_matmul, t_exp), got {got!r}"
+        detail = f"matmul {g[0]:.3e} s, exp {g[1]:.3e} s"
+        if close(g, expected):
+            return True, f"{detail} ({g[1] / g[0]:.2f}x)"
+        detail += f", expected {expected[0]:.3e}, {expected[1]:.3e}"
+        why = next((why for why, value in mistakes.items() if close(g, value)), None)
+        return False, f"{detail}: {why}" if why else detail
+
+    return check
+
+
+@grader("flashedu.hopper.softmax_budget")
+def exp_budget(fn, *, seed=None, out=print) -> Report:
+    """Exercise 11.1: `fn(B, H, N, d, *, causal, matmul_tflops, sfu_tflops)` -> (t_matmul, t_exp) in
+    seconds for one forward with N_q = N_k = N: 4 B H N^2 d matmul FLOPs and B H N^2 exponentials
+    (both halved when causal) at the two rates, given in TFLOP/s."""
+    rng = rng_for(seed)
+    specs = [
+        (2, 16, 8192, 128, False, 989.4, 3.9),
+        (4, 16, 4096, 64, False, 989.4, 3.9),
+        (2, 16, 8192, 128, True, 989.4, 3.9),
+        (2, 16, 8192, 128, False, 1978.9, 3.9),
+    ]
+    for c in (False, True):
+        B, H, N = int(rng.integers(1, 9)), int(rng.integers(3, 33)), int(rng.integers(256, 32769))
+        d, mm, sfu = int(rng.choice([64, 96, 128, 256])), rng.uniform(300, 2000), rng.uniform(1, 8)
+        specs.append((B, H, N, d, c, float(mm), float(sfu)))
+    cases = []
+    for B, H, N, d, c, mm, sfu in specs:
+        kw = {"causal": c, "matmul_tflops": mm, "sfu_tflops": sfu}
+        cases.append(
+            Case(
+                f"B={B} H={H} N={N} d={d}{' causal' if c else ''} {mm:.0f}/{sfu:.1f}",
+                (B, H, N, d),
+                hopper.softmax_budget(B, H, N, d, **kw),
+                kwargs=kw,
+                hint="4 B H N^2 d FLOPs, B H N^2 exps, x0.5 causal; rates x 1e12",
+                check=_budget_check(_budget_mistakes(B, H, N, d, c, mm, sfu)),
+            )
+        )
+    return grade("exp_budget", fn, cases, solution_name=exp_budget.solution_name, out=out)
+
+
+def _error_bound_ok(x: torch.Tensor, deq: torch.Tensor, scale_rows: torch.Tensor) -> bool:
+    """Round to nearest in e4m3 is off by at most half a step: 2^-4 of the value for normal
+    numbers, 2^-10 of the scale below e4m3's smallest normal, 2^-6."""
+    bound = torch.maximum(x.abs() * 2.0**-4, scale_rows * 2.0**-10) * (1 + 1e-6) + 1e-30
+    return bool(((deq - x).abs() <= bound).all())
+
+
+def _worst_block(x: torch.Tensor, deq: torch.Tensor, block: int) -> float:
+    """The largest rms(deq - x) / rms(x) over the blocks of rows that are not all zero."""
+    errs = [
+        fp8.rmse(deq[i : i + block], x[i : i + block])
+        / fp8.rmse(x[i : i + block], 0 * x[i : i + block])
+        for i in range(0, x.shape[0], block)
+        if x[i : i + block].abs().amax() > 0
+    ]
+    return max(errs)
+
+
+def _quant_check(x: torch.Tensor, block: int):
+    N = x.shape[0]
+    n_blocks = -(-N // block)
+    right = fp8.quantize(x, block)[1]  # (n_blocks,)
+    amax = right * fp8.E4M3_MAX
+    g = x.abs().amax() / fp8.E4M3_MAX  # one global scale
+    global_err = _worst_block(x, (x / g).to(torch.float8_e4m3fn).float() * g, block)
+
+    def check(got, expected) -> tuple[bool, str]:
+        if (
+            not isinstance(got, (tuple, list))
+            or len(got) != 2
+            or not all(isinstance(t, torch.Tensor) for t in got)
+        ):
+            return False, f"expected (codes, scales), two torch tensors, got {type(got).__name__}"
+        codes, scales = got[0], got[1].detach().float().reshape(-1)
+        if codes.dtype != torch.float8_e4m3fn:
+            return False, f"codes are {codes.dtype}: cast x / scale with .to(torch.float8_e4m3fn)"
+        if tuple(codes.shape) != tuple(x.shape):
+            return False, f"codes have shape {tuple(codes.shape)}, expected {tuple(x.shape)}"
+        if (
+            scales.numel() == 1
+            and n_blocks > 1
+            or (
+                scales.numel() == n_blocks
+                and n_blocks > 1
+                and bool((scales == scales[0]).all())
+                and not bool((right == right[0]).all())
+            )
+        ):
+            return False, (
+                "one global scale for the whole tensor: each block of rows needs its "
+                "own, max|x| over the block / 448"
+            )
+        if scales.numel() != n_blocks:
+            return False, (
+                f"{scales.numel()} scales, expected ceil(N / block) = {n_blocks}: "
+                "one per block of rows, the last block may be shorter"
+            )
+        if (
+            torch.isnan(codes.float()).any()
+            or not torch.isfinite(scales).all()
+            or (scales <= 0).any()
+        ):
+            return False, (
+                "NaN codes or a scale that is not positive: a block of zeros has max 0, "
+                "give it scale 1 (any positive number) instead of dividing by 0"
+            )
+        if torch.allclose(scales, amax, rtol=1e-5, atol=0):
+            return False, (
+                "scale = max|x| instead of max|x| / 448: the codes use only [-1, 1] of "
+                "e4m3's range, where its steps are as coarse as 2^-9"
+            )
+        if not torch.allclose(scales, right, rtol=1e-5, atol=0):
+            return False, "scales differ from max|x| over each block / 448"
+        deq = fp8.dequantize(codes, scales, block)
+        detail = (
+            f"worst block rel. rmse {_worst_block(x, deq, block):.1e}, one scale {global_err:.1e}"
+        )
+        rows = scales.repeat_interleave(block)[:N, None].expand_as(x)
+        if not _error_bound_ok(x, deq, rows):
+            return False, f"{detail}: codes are not x / scale rounded to the nearest e4m3 value"
+        return True, detail
+
+    return check
+
+
+@grader("flashedu.fp8.quantize")
+def fp8_block_quantize(fn, *, seed=None, out=print) -> Report:
+    """Exercise 11.2: `fn(x, block)` for x (N, d) float32 -> (codes (N, d) torch.float8_e4m3fn,
+    scales (ceil(N / block),) float32) with scale = max|x| over the block's rows / 448 and
+    codes = x / scale rounded to e4m3 (a block of zeros: scale 1)."""
+    rng = rng_for(seed)
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    block, d = int(rng.choice([16, 32, 64])), int(rng.choice([16, 32, 64]))
+    randn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    mags = torch.tensor([1e-3, 1.0, 1e2, 1e4]).repeat_interleave(block)[:, None]
+    outlier = randn(3 * block, d)
+    outlier[block + int(rng.integers(block)), int(rng.integers(d))] = 1e3
+    zeros = randn(2 * block + 3, d)
+    zeros[block : 2 * block] = 0
+    specs = [
+        (f"one block ({block}, {d})", randn(block, d)),
+        (f"4 blocks of 1e-3, 1, 1e2, 1e4 ({4 * block}, {d})", randn(4 * block, d) * mags),
+        (f"ragged: N = 3 x {block} + 5", randn(3 * block + 5, d) * 3),
+        ("an outlier of 1000 in block 1", outlier),
+        ("a block of zeros", zeros),
+    ]
+    cases = [
+        Case(
+            label,
+            (x, block),
+            None,
+            check=_quant_check(x, block),
+            hint="scale_i = max|rows of block i| / 448; codes = (x / row's scale) as e4m3",
+        )
+        for label, x in specs
+    ]
+    return grade(
+        "fp8_block_quantize", fn, cases, solution_name=fp8_block_quantize.solution_name, out=out
+    )
+
+
+_PERMUTED = (
+    "the outlier was not spread: a (signed) permutation is orthogonal too, but only "
+    "the Hadamard matrix mixes every channel into all d"
+)
+_ALIGNED = (
+    "rows that line up with Hadamard rows became spikes: flip random signs (diag(s)) before H"
+)
+
+
+def _rotation_check(fn, q: np.ndarray, k: np.ndarray, seed: int, *, spread: str, reseed: bool):
+    s = q @ k.T
+    d = q.shape[1]
+
+    def check(got, expected) -> tuple[bool, str]:
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            return False, f"expected (q_rot, k_rot), got {type(got).__name__}"
+        qr, kr = (np.asarray(t, dtype=np.float64) for t in got)
+        if qr.shape != q.shape or kr.shape != k.shape:
+            return False, f"shapes {qr.shape}, {kr.shape}, expected {q.shape}, {k.shape}"
+        err = np.abs(qr @ kr.T - s).max() / np.abs(s).max()
+        crest = f"crest max/rms {fp8.crest(q):.1f} -> {fp8.crest(qr):.1f}"
+        detail = f"scores max rel. error {err:.1e}; {crest}"
+        if err > 1e-9:
+            return False, f"{detail}: {_why_scores_moved(q, k, qr, kr, s, d)}"
+        if np.allclose(qr, q) and np.allclose(kr, k):
+            return False, f"{detail}: nothing was rotated: q_rot equals q (multiply by M)"
+        if spread and fp8.crest(qr) > max(6.0, fp8.crest(q) / 3):
+            return False, f"{detail}: {spread}"
+        if reseed:
+            try:
+                q2 = np.asarray(fn(q, k, seed + 1)[0], dtype=np.float64)
+            except Exception as e:  # the learner's bug, reported
+                return False, f"{detail}; with seed {seed + 1} it raised {type(e).__name__}: {e}"
+            if np.allclose(q2, qr):
+                return False, (
+                    f"{detail}: seeds {seed} and {seed + 1} gave the same rotation: "
+                    "draw the random signs from the seed"
+                )
+        return True, detail
+
+    return check
+
+
+def _why_scores_moved(q, k, qr, kr, s, d) -> str:
+    if np.allclose(kr, k) and not np.allclose(qr, q):
+        return "K was not rotated: rotate Q and K by the same matrix M, or the scores change"
+    if np.allclose(qr, q) and not np.allclose(kr, k):
+        return "Q was not rotated: rotate Q and K by the same matrix M, or the scores change"
+    if np.allclose(qr @ kr.T, d * s, rtol=1e-6, atol=1e-9 * np.abs(s).max()):
+        return "the scores grew by d: divide the Hadamard matrix by sqrt(d) (H H^T = d I)"
+    return (
+        "q_rot @ k_rot.T must equal q @ k.T: rotate the head dim (the last axis) of Q and K "
+        "by one orthogonal M = diag(signs) H / sqrt(d)"
+    )
+
+
+@grader("flashedu.fp8.rotate")
+def hadamard_rotation(fn, *, seed=None, out=print) -> Report:
+    """Exercise 11.3: `fn(q, k, seed)` for float64 arrays q (N_q, d), k (N_k, d), d a power of
+    two -> (q @ M, k @ M) with M = diag(s) H / sqrt(d), H the Sylvester Hadamard matrix and s random
+    signs drawn from `seed`."""
+    rng = rng_for(seed)
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    n = lambda *s: rng.standard_normal(s)  # noqa: E731
+    chan = n(r(8, 24), 64)
+    chan[:, r(0, 63)] *= 100
+    spike = n(r(8, 24), 128)
+    spike[r(0, spike.shape[0] - 1), r(0, 127)] = 1e3
+    aligned = 3 * math.sqrt(64) * fp8.hadamard(64)[rng.choice(64, size=8, replace=False)]
+    specs = [
+        ("d=16, random q and k", n(r(4, 12), 16), n(r(4, 12), 16), "", False),
+        ("N_q != N_k, d=64", n(r(3, 9), 64), n(r(20, 40), 64), "", False),
+        ("one channel 100x larger, d=64", chan, n(r(8, 24), 64), _PERMUTED, False),
+        ("one entry of 1000, d=128", spike, n(r(8, 24), 128), _PERMUTED, False),
+        ("rows equal to Hadamard rows, d=64", aligned, n(8, 64), _ALIGNED, False),
+        ("the same input, two seeds, d=32", n(r(4, 12), 32), n(r(4, 12), 32), "", True),
+    ]
+    seeds = [r(0, 10**6) for _ in specs]
+    cases = [
+        Case(
+            label,
+            (q, k, sd),
+            None,
+            check=_rotation_check(fn, q, k, sd, spread=spread, reseed=reseed),
+            hint="M = diag(random signs) @ H / sqrt(d); return (q @ M, k @ M)",
+        )
+        for (label, q, k, spread, reseed), sd in zip(specs, seeds)
+    ]
+    return grade(
+        "hadamard_rotation", fn, cases, solution_name=hadamard_rotation.solution_name, out=out
+    )

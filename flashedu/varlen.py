@@ -1,0 +1,204 @@
+"""Packed sequences ("varlen"): attention over sequences of different lengths, without padding.
+
+Training code concatenates the sequences of a batch into one long tensor instead of padding each to
+the longest, and passes their boundaries as prefix sums, in flash-attn's layout
+(`flash_attn_varlen_func`):
+
+    q: (total_q, H, d)      k, v: (total_k, H_kv, d)      H % H_kv == 0
+    cu_seqlens_q: (n + 1,) int32, [0, len_0, len_0 + len_1, ..., total_q]; likewise cu_seqlens_k
+    sequence s: q[cu_seqlens_q[s]:cu_seqlens_q[s + 1]] against k, v sliced by cu_seqlens_k
+
+Tokens attend only within their own sequence; with causal=True, bottom-right within each sequence
+(query i of a sequence sees key j iff j <= i + len_k - len_q), as everywhere in flashedu. A sequence
+of length 0 contributes nothing; a query sequence whose key sequence is empty gets zeros. The same
+result is FlexAttention's document mask over the packed tokens (`flashedu.flex.document`).
+
+`attention_varlen` validates once, then hands the packed tensors to a packed implementation. The one
+here, `loop`, runs flashedu's (B=1) attention per sequence through autograd: exact, differentiable,
+one launch per sequence. A kernel that takes the packed tensors in one launch registers itself in
+`PACKED` under an implementation's name and is used for that name (and by "auto" for CUDA tensors
+when registered as "triton"); it must accept the arguments of `loop` but `impl`.
+
+Introduced in notebooks/10_in_practice.ipynb.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ._validate import resolve_scale
+from .api import attention
+
+PACKED: dict[
+    str, Callable
+] = {}  # impl name -> one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, ...)
+
+
+def _check_tensors(q, k, v) -> None:
+    for arg, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"attention_varlen: {arg} must be a torch.Tensor, got {type(x).__name__}"
+            )
+        if x.ndim != 3:
+            raise ValueError(
+                f"attention_varlen: {arg} must have shape (total, heads, d) (3 dims), "
+                f"got shape {tuple(x.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"attention_varlen: k and v must have the same shape (total_k, H_kv, d), "
+            f"got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"attention_varlen: head dimension d differs: q has d={q.shape[2]}, k has "
+            f"d={k.shape[2]}"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"attention_varlen: q has H={q.shape[1]} heads, which is not a multiple of "
+            f"k and v's H_kv={k.shape[1]}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise TypeError(
+            f"attention_varlen: q, k and v must share one floating dtype, got {q.dtype}, "
+            f"{k.dtype} and {v.dtype}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"attention_varlen: q, k and v must be on one device, got {q.device}, "
+            f"{k.device} and {v.device}"
+        )
+
+
+def _check_cu(cu, arg: str, total: int, device) -> list[int]:
+    """cu_seqlens as a list of ints, after checking dtype, shape, device, start, order and end."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"attention_varlen: {arg} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"attention_varlen: {arg} must have dtype int32 (or int64), got {cu.dtype}")
+    if cu.ndim != 1 or cu.numel() < 2:
+        raise ValueError(
+            f"attention_varlen: {arg} must be 1-D with n + 1 >= 2 entries (n sequences), "
+            f"got shape {tuple(cu.shape)}"
+        )
+    if cu.device != device:
+        raise ValueError(
+            f"attention_varlen: {arg} must be on the device of q, {device}, got {cu.device}"
+        )
+    bounds = cu.tolist()
+    if bounds[0] != 0:
+        raise ValueError(
+            f"attention_varlen: {arg} must start at 0, got {bounds[0]} ({arg}={bounds})"
+        )
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(
+            f"attention_varlen: {arg} must be non-decreasing (lengths >= 0), got {bounds}"
+        )
+    if bounds[-1] != total:
+        raise ValueError(
+            f"attention_varlen: {arg} ends at {bounds[-1]}, but the packed tensor holds "
+            f"{total} tokens (its first dimension)"
+        )
+    return bounds
+
+
+def _check_max(max_seqlen, arg: str, bounds: list[int]) -> None:
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"attention_varlen: {arg} must be an int, got {max_seqlen!r}")
+    if max_seqlen < longest:
+        raise ValueError(
+            f"attention_varlen: {arg}={max_seqlen} is shorter than the longest sequence, "
+            f"{longest} tokens"
+        )
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Validate packed inputs; return the boundaries (cu_q, cu_k) as lists of ints."""
+    _check_tensors(q, k, v)
+    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q.device)
+    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", k.shape[0], q.device)
+    if len(cu_q) != len(cu_k):
+        raise ValueError(
+            f"attention_varlen: cu_seqlens_q describes {len(cu_q) - 1} sequences and "
+            f"cu_seqlens_k {len(cu_k) - 1}; they must describe the same sequences"
+        )
+    _check_max(max_seqlen_q, "max_seqlen_q", cu_q)
+    _check_max(max_seqlen_k, "max_seqlen_k", cu_k)
+    return cu_q, cu_k
+
+
+def loop(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    causal=False,
+    softmax_scale=None,
+    impl="auto",
+):
+    """The per-sequence path: `flashedu.attention` on each (1, H, len, d) slice, concatenated.
+
+    Differentiable (autograd through the slices); max_seqlen_* go unused, as nothing is padded.
+    """
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs = []
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        if q1 == q0:
+            continue  # an empty query sequence produces no rows
+        if k1 == k0:  # no keys: every row is fully masked -> 0, as in flashedu's contract
+            outs.append(q.new_zeros(q1 - q0, q.shape[1], v.shape[2]))
+            continue
+        q_s, k_s, v_s = (
+            x[a:b].transpose(0, 1).unsqueeze(0).contiguous()  # (1, heads, len, d)
+            for x, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))
+        )
+        o_s = attention(q_s, k_s, v_s, causal=causal, softmax_scale=softmax_scale, impl=impl)
+        outs.append(o_s[0].transpose(0, 1))  # (len_q, H, d)
+    return torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[2])
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Exact attention over packed sequences, flash-attn's varlen layout, with autograd.
+
+    Args:
+        q: (total_q, H, d).  k, v: (total_k, H_kv, d), H % H_kv == 0.
+        cu_seqlens_q, cu_seqlens_k: (n + 1,) int32 (or int64) prefix sums of the n sequence lengths,
+            starting at 0, on q's device.
+        max_seqlen_q, max_seqlen_k: at least the longest query / key sequence.
+        causal: bottom-right within each sequence: query i sees key j iff j <= i + len_k - len_q.
+        softmax_scale: default 1 / sqrt(d).
+        impl: a name in `PACKED` (one launch), or "auto" or a `flashedu.attention` implementation
+            for the per-sequence `loop`.
+    Returns:
+        o: (total_q, H, d) in q's dtype; rows with nothing visible are 0.
+    """
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention_varlen: causal must be a bool, got {causal!r}")
+    scale = resolve_scale(softmax_scale, q.shape[2], name="attention_varlen")
+    name = "triton" if impl == "auto" and q.is_cuda and "triton" in PACKED else impl
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if name in PACKED:
+        return PACKED[name](*args, causal=causal, softmax_scale=scale)
+    return loop(*args, causal=causal, softmax_scale=scale, impl=impl)
