@@ -238,6 +238,17 @@ def check_slopes(alibi_slopes, H: int, *, B: int | None = None, name: str = "att
     return alibi_slopes
 
 
+def check_order(order, *, name: str = "attention") -> str:
+    """The tiled forward's loop order: "fa2" (outer loop over query blocks) or "fa1" (over K/V
+    blocks)."""
+    if order not in ("fa1", "fa2"):
+        raise ValueError(
+            f"{name}: order must be 'fa2' (outer loop over query blocks) or 'fa1' (outer loop over "
+            f"K/V blocks), got {order!r}"
+        )
+    return order
+
+
 def check_block(block: int, arg: str, *, name: str = "attention") -> int:
     if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
         raise ValueError(f"{name}: {arg} must be a positive int, got {block!r}")

@@ -256,9 +256,7 @@ def scaled_dot_product_attention(
         resolve_scale(scale, 1, name=name, arg="scale")  # a real, finite number, even if unused
     if q.shape[0] * q.shape[1] * L == 0 or S == 0 or v.shape[-1] == 0:
         return _nothing_to_attend(q, k, v).reshape(out_shape)
-    softmax_scale = (
-        resolve_scale(scale, q.shape[-1], name=name, arg="scale") if q.shape[-1] else scale
-    )
+    softmax_scale = None if scale is None else float(scale)  # checked above; None is 1/sqrt(E)
     if causal == "top_left" and L != S:
         o = top_left_causal(q, k, v, softmax_scale=softmax_scale)
     else:

@@ -17,7 +17,7 @@ import numpy as np
 from . import masks
 from ._validate import check_backward, check_causal, check_qkv, check_window, resolve_scale
 from .dtypes import acc_dtype
-from .traffic import NULL_LEDGER
+from .ledger import NULL_LEDGER
 
 
 def _expand(x: np.ndarray, H: int) -> np.ndarray:

@@ -39,9 +39,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import softmax
+from ._validate import check_order
+from .ledger import NULL_LEDGER, Ledger
+from .masks import row_blocks
 from .tiled_backward import backward
+from .tiles import tile_bytes
 from .tiling import Problem, scores, setup
-from .traffic import NULL_LEDGER, Ledger, _check_order, _row_blocks, tile_bytes
 
 
 def _heads(p: Problem, x: np.ndarray) -> np.ndarray:
@@ -54,8 +57,8 @@ def _forward_fa2(p: Problem, qs, k, v, ledger):
     """Outer loop over query blocks: q_i, o_i, m_i, l_i stay in SRAM; K_j, V_j stream past."""
     o = np.empty(qs.shape, dtype=p.dtype)  # (B, H_kv, g, N_q, d) in HBM
     lse = np.empty(qs.shape[:-1], dtype=p.acc)  # (B, H_kv, g, N_q) in HBM
-    cols = _row_blocks(p.N_k, p.block_n)
-    for i, (r0, r1) in enumerate(_row_blocks(p.N_q, p.block_m)):
+    cols = row_blocks(p.N_k, p.block_n)
+    for i, (r0, r1) in enumerate(row_blocks(p.N_q, p.block_m)):
         qs_i = qs[..., r0:r1, :]  # (B, H_kv, g, bm, d)
         m_i = np.full(qs_i.shape[:-1], -np.inf, dtype=p.acc)  # -inf: nothing seen yet
         l_i = np.zeros(qs_i.shape[:-1], dtype=p.acc)
@@ -98,9 +101,9 @@ def _forward_fa1(p: Problem, qs, k, v, ledger):
     ledger.write("O", p.hbm(p.N_q))
     ledger.write("m", p.stat(p.N_q))
     ledger.write("l", p.stat(p.N_q))
-    rows = _row_blocks(p.N_q, p.block_m)
+    rows = row_blocks(p.N_q, p.block_m)
     visible = [p.kv_blocks(r0, r1) for r0, r1 in rows]
-    for j, (c0, c1) in enumerate(_row_blocks(p.N_k, p.block_n)):
+    for j, (c0, c1) in enumerate(row_blocks(p.N_k, p.block_n)):
         loaded = False
         for i, (r0, r1) in enumerate(rows):
             m_i, l_i = m[..., r0:r1], l[..., r0:r1]
@@ -192,7 +195,7 @@ def forward(
         block_n=block_n,
         sram_bytes=sram_bytes,
     )
-    _check_order(order)
+    check_order(order, name="tiled.forward")
     tiles = tile_bytes(
         p.block_m, p.block_n, p.d, itemsize=p.dtype.itemsize, acc_itemsize=p.acc.itemsize
     )

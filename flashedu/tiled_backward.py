@@ -27,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import check_backward
+from .ledger import NULL_LEDGER
+from .masks import row_blocks
 from .tiling import Problem, scores, setup
-from .traffic import NULL_LEDGER, _row_blocks
 
 
 def _preprocess(p: Problem, do, o, lse, ledger):
@@ -133,9 +134,9 @@ def backward(
         np.empty(qs.shape[:3] + (p.N_k, p.d), p.dtype),
         np.empty(qs.shape[:3] + (p.N_k, p.d), p.dtype),
     )
-    rows = _row_blocks(p.N_q, p.block_m)
+    rows = row_blocks(p.N_q, p.block_m)
     visible = [p.kv_blocks(r0, r1) for r0, r1 in rows]
-    for j, (c0, c1) in enumerate(_row_blocks(p.N_k, p.block_n)):
+    for j, (c0, c1) in enumerate(row_blocks(p.N_k, p.block_n)):
         dk_j = np.zeros(
             qs.shape[:3] + (c1 - c0, p.d), p.acc
         )  # dK_j, dV_j stay in SRAM for the whole Q loop

@@ -24,7 +24,9 @@ from ._validate import (
     resolve_scale,
 )
 from .dtypes import acc_dtype
-from .traffic import DEFAULT_SRAM_BYTES, band, block_sizes, kv_blocks
+from .masks import band, kv_blocks
+from .tiles import block_sizes
+from .traffic import DEFAULT_SRAM_BYTES
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def explorer_details_html(state: dict) -> str:
     """The explorer's detail: bytes per tensor and direction, and the tiles one thread block keeps
     in SRAM."""
     t = state["traffic"]
-    names = sorted(set(t.reads) | set(t.writes), key=traffic._order)
+    names = sorted(set(t.reads) | set(t.writes), key=traffic.tensor_order)
     rows = [_row("tensor", "read: HBM → SRAM", "written: SRAM → HBM", tag="th")]
     rows += [_row(n, f"{t.reads.get(n, 0):,}", f"{t.writes.get(n, 0):,}") for n in names]
     rows.append(_row("<b>total</b>", f"<b>{t.read_bytes:,}</b>", f"<b>{t.write_bytes:,}</b>"))
@@ -365,14 +365,16 @@ class TileStepper(W.VBox):
         seed=0,
         measured=None,
     ):
-        from . import testing, tiled
+        from . import tiled
 
         if math.ceil(N_q / block_m) * math.ceil(N_k / block_n) > 400:
             raise ValueError(
                 f"tile_stepper: {N_q}x{N_k} in {block_m}x{block_n} blocks "
                 "is more than 400 tiles to step through; use smaller N_q, N_k or larger blocks"
             )
-        q, k, v = testing.random_qkv(1, 1, N_q, N_k, d, "float32", seed=seed)
+        rng = np.random.default_rng(seed)
+        shapes = [(1, 1, N_q, d), (1, 1, N_k, d), (1, 1, N_k, d)]  # q, k, v: standard normal
+        q, k, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
         self.ledger = traffic.Ledger()
         tiled.forward(
             q,

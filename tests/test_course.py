@@ -196,6 +196,15 @@ def test_command_line_lists_chapters_and_rejects_unknown_commands():
         assert exit_.value.code == 2
 
 
+def test_book_command_hands_its_flags_to_the_builder(monkeypatch):
+    from flashedu.course import book
+
+    seen = []
+    monkeypatch.setattr(book, "main", lambda argv: seen.append(argv) or 0)
+    assert course_cli.main(["book", "--no-execute", "--all"]) == 0
+    assert seen == [["--no-execute", "--all"]]
+
+
 def test_notebooks_command_is_the_manifest_in_order(capsys):
     """The Makefile takes its notebook list from here: book.toml has one reader."""
     assert course_cli.main(["notebooks"]) == 0

@@ -25,8 +25,7 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser("check", help="check book.toml against notebooks/, flashedu/ and tests/")
     commands.add_parser("list", help="the chapters in order")
     commands.add_parser("notebooks", help="the notebooks in course order, space-separated")
-    book = commands.add_parser("book", help="build the static course", add_help=False)
-    book.add_argument("book_args", nargs=argparse.REMAINDER)
+    commands.add_parser("book", help="build the static course (its flags: book --help)")
     return p
 
 
@@ -49,11 +48,12 @@ def _list() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    if args.command == "book":
-        from . import book  # the static site builder
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["book"]:  # the site builder parses its own flags
+        from . import book
 
-        return book.main(args.book_args)
+        return book.main(argv[1:])
+    args = parser().parse_args(argv)
     if args.command == "list":
         return _list()
     if args.command == "notebooks":
