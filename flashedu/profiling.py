@@ -82,8 +82,9 @@ class CPUDevice:
 class CUDADevice:
     """A CUDA GPU: kernels run asynchronously after the call that launched them returns.
 
-    flush_l2 overwrites a buffer of `flush_bytes` (256 MiB by default, five times the H100's and
-    H200's 50 MB L2) so that the next call finds none of its inputs in the L2.
+    flush_l2 overwrites a buffer of `flush_bytes` (256 MiB by default, as `triton.testing.do_bench`
+    uses; several times the L2 of a Hopper GPU) so that the next call finds none of its inputs in
+    the L2.
     """
 
     is_gpu = True
