@@ -6,7 +6,8 @@ Every implementation module shares one contract (see `flashedu.registry`):
     backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, ...) -> (dq, dk, dv)
 
 with layout (B, H, N, d). `flashedu.attention` is the autograd-aware torch entry point and
-`flashedu.scaled_dot_product_attention` a drop-in for PyTorch's. Submodules load on first use.
+`flashedu.scaled_dot_product_attention` a drop-in for PyTorch's; `flashedu.attention_varlen` takes
+packed sequences in flash-attn's layout. Submodules load on first use.
 """
 
 from __future__ import annotations
@@ -17,14 +18,21 @@ from . import _env  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU,
 from .registry import IMPLEMENTATIONS
 
 __version__ = "0.1.0"
-__all__ = ["IMPLEMENTATIONS", "attention", "scaled_dot_product_attention", "__version__"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "attention",
+    "attention_varlen",
+    "scaled_dot_product_attention",
+    "__version__",
+]
 
-_API = {"attention", "scaled_dot_product_attention"}
+# public function -> the module that defines it
+_API = {"attention": ".api", "scaled_dot_product_attention": ".api", "attention_varlen": ".varlen"}
 
 
 def __getattr__(name: str):
     if name in _API:
-        return getattr(importlib.import_module(".api", __name__), name)
+        return getattr(importlib.import_module(_API[name], __name__), name)
     try:
         return importlib.import_module(f".{name}", __name__)
     except ModuleNotFoundError as e:

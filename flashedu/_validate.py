@@ -39,11 +39,12 @@ def _check_array(x, arg: str, name: str, kind: str | None, what: str = "an array
 
 
 def check_qkv(
-    q, k, v, *, name: str = "attention", kind: str | None = None
+    q, k, v, *, name: str = "attention", kind: str | None = None, value_dim: bool = False
 ) -> tuple[int, int, int, int, int, int]:
     """Validate q (B, H, N_q, d), k and v (B, H_kv, N_k, d) with H % H_kv == 0.
 
-    `kind` is "numpy" or "torch" when the implementation needs one array kind.
+    `kind` is "numpy" or "torch" when the implementation needs one array kind. With
+    `value_dim=True` v may have its own head dim, (B, H_kv, N_k, d_v), as in PyTorch's SDPA (Ev).
     Returns (B, H, H_kv, N_q, N_k, d).
     """
     for arg, x in (("q", q), ("k", k), ("v", v)):
@@ -52,9 +53,11 @@ def check_qkv(
             raise ValueError(
                 f"{name}: {arg} must have shape (B, H, N, d) (4 dims), got shape {_shape(x)}"
             )
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3] or (k.shape != v.shape and not value_dim):
         raise ValueError(
-            f"{name}: k and v must have the same shape, got {_shape(k)} and {_shape(v)}"
+            f"{name}: k and v must have the same shape"
+            + (" up to the head dim" if value_dim else "")
+            + f", got {_shape(k)} and {_shape(v)}"
         )
     B, H, N_q, d = q.shape
     B_k, H_kv, N_k, d_k = k.shape
@@ -66,7 +69,7 @@ def check_qkv(
         raise ValueError(
             f"{name}: q has H={H} heads, which is not a multiple of k and v's H_kv={H_kv} heads"
         )
-    if N_q == 0 or N_k == 0 or d == 0 or B == 0:
+    if N_q == 0 or N_k == 0 or d == 0 or B == 0 or v.shape[3] == 0:
         raise ValueError(f"{name}: empty input: q has shape {_shape(q)}, k has shape {_shape(k)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(
@@ -128,11 +131,22 @@ def resolve_scale(
     return scale
 
 
-def check_do(do, q, *, name: str = "attention backward", kind: str | None = None) -> None:
-    """do, the gradient of the output, must be an array of q's kind, shape and dtype."""
+def _out_shape(q, v) -> tuple:
+    """The shape of o and do: q's, or (B, H, N_q, d_v) when v has its own head dim."""
+    return _shape(q) if v is None else _shape(q)[:3] + _shape(v)[3:]
+
+
+def _whose(q, out) -> str:
+    return "q's shape" if out == _shape(q) else "shape (B, H, N_q, d_v)"
+
+
+def check_do(do, q, *, name: str = "attention backward", kind: str | None = None, v=None) -> None:
+    """do, the gradient of the output, must be an array of q's kind, shape (d_v as its last dim
+    when v is given) and dtype."""
     _check_array(do, "do", name, kind, "an array or tensor (the gradient of o)")
-    if _shape(do) != _shape(q):
-        raise ValueError(f"{name}: do must have q's shape {_shape(q)}, got {_shape(do)}")
+    out = _out_shape(q, v)
+    if _shape(do) != out:
+        raise ValueError(f"{name}: do must have {_whose(q, out)} {out}, got {_shape(do)}")
     if do.dtype != q.dtype:
         raise TypeError(f"{name}: do must have q's dtype {q.dtype}, got {do.dtype}")
 
@@ -146,19 +160,22 @@ def check_backward(
     name: str = "attention backward",
     kind: str | None = None,
     strict_lse_dtype: bool = True,
+    v=None,
 ) -> None:
     """The backward's extra inputs, against the validated q (B, H, N_q, d).
 
-    do and o: q's array kind and shape (do also q's dtype). lse: the forward's log-sum-exp, shape
-    (B, H, N_q), float32 (float64 for float64 q; any float dtype with strict_lse_dtype=False), on
-    q's device, with no NaN and no +inf (-inf marks a fully masked row). The value check reads lse
-    once; under torch.compile it is left out, since a graph cannot branch on tensor values.
+    do and o: q's array kind and shape, (B, H, N_q, d_v) when v is given (do also q's dtype).
+    lse: the forward's log-sum-exp, shape (B, H, N_q), float32 (float64 for float64 q; any float
+    dtype with strict_lse_dtype=False), on q's device, with no NaN and no +inf (-inf marks a fully
+    masked row). The value check reads lse once; under torch.compile it is left out, since a graph
+    cannot branch on tensor values.
     """
-    check_do(do, q, name=name, kind=kind)
+    check_do(do, q, name=name, kind=kind, v=v)
     _check_array(o, "o", name, kind, "an array or tensor (the forward's output)")
     _check_array(lse, "lse", name, kind, "an array or tensor (the forward's log-sum-exp)")
-    if _shape(o) != _shape(q):
-        raise ValueError(f"{name}: o must have q's shape {_shape(q)}, got {_shape(o)}")
+    out = _out_shape(q, v)
+    if _shape(o) != out:
+        raise ValueError(f"{name}: o must have {_whose(q, out)} {out}, got {_shape(o)}")
     if _shape(lse) != _shape(q)[:3]:
         raise ValueError(
             f"{name}: lse must have shape (B, H, N_q) = {_shape(q)[:3]}, got {_shape(lse)}"

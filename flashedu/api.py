@@ -16,7 +16,7 @@ scaled_dot_product_attention`, so a model can swap it in. Differences, all loud:
   by position, they do not read an (L, S) mask from memory).
 * `dropout_p` must be 0: the course computes exact attention; anything else raises
   NotImplementedError.
-* `value` must have the head dimension of `key` (Ev == E), else NotImplementedError.
+* `value` may have its own head dimension Ev, as in PyTorch; every implementation takes it.
 * Where PyTorch fails on a shape mismatch with a RuntimeError, this raises ValueError naming the
   argument.
 * `scale` must be a real number: `scale=True` is a TypeError, where PyTorch reads it as 1.0.
@@ -35,9 +35,9 @@ from .autograd import flash_attention, get_impl
 from .registry import IMPLEMENTATIONS
 
 
-def _auto_impl(q: torch.Tensor) -> str:
-    """ "triton" for a CUDA tensor whose dtype and head dim the Triton kernels support, else
-    "torch_tiled"."""
+def _auto_impl(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
+    """ "triton" for a CUDA tensor whose dtype and head dims (q's, and v's when given) the Triton
+    kernels support, else "torch_tiled"."""
     if not q.is_cuda:
         return "torch_tiled"
     try:
@@ -46,7 +46,8 @@ def _auto_impl(q: torch.Tensor) -> str:
         return "torch_tiled"
     dtypes = getattr(mod, "DTYPES", ())
     head_dims = getattr(mod, "HEAD_DIMS", ())
-    return "triton" if q.dtype in dtypes and q.shape[-1] in head_dims else "torch_tiled"
+    dims_ok = q.shape[-1] in head_dims and (v is None or v.shape[-1] in head_dims)
+    return "triton" if q.dtype in dtypes and dims_ok else "torch_tiled"
 
 
 def attention(
@@ -61,12 +62,12 @@ def attention(
     """Exact attention with autograd, flash-attn conventions.
 
     Args:
-        q: (B, H, N_q, d).  k, v: (B, H_kv, N_k, d), H % H_kv == 0.
+        q: (B, H, N_q, d).  k: (B, H_kv, N_k, d), v: (B, H_kv, N_k, d_v), H % H_kv == 0.
         causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned).
         softmax_scale: default 1 / sqrt(d).
         impl: "auto" or any name in `flashedu.IMPLEMENTATIONS` but "reference" (the float64 oracle).
     Returns:
-        o: (B, H, N_q, d) in q's dtype; fully masked rows are 0 and get zero gradients.
+        o: (B, H, N_q, d_v) in q's dtype; fully masked rows are 0 and get zero gradients.
     """
     if not isinstance(impl, str):
         raise TypeError(
@@ -83,7 +84,7 @@ def attention(
         raise TypeError(
             f"attention: q must be a torch.Tensor, got {type(q).__module__}.{type(q).__name__}"
         )
-    name = _auto_impl(q) if impl == "auto" else impl
+    name = _auto_impl(q, v if isinstance(v, torch.Tensor) else None) if impl == "auto" else impl
     return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name)
 
 
@@ -221,11 +222,12 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """Drop-in for `torch.nn.functional.scaled_dot_product_attention`, computed by flashedu.
 
-    query (N, ..., L, E), key (N, ..., S, E), value (N, ..., S, E) -> (N, ..., L, E). `is_causal` is
-    top-left (query i sees key j iff j <= i); `causal_lower_right` masks are bottom-right. `scale`
-    defaults to 1/sqrt(E); like PyTorch's, `scale` and `enable_gqa` are keyword-only. With
+    query (N, ..., L, E), key (N, ..., S, E), value (N, ..., S, Ev) -> (N, ..., L, Ev).
+    `is_causal` is top-left (query i sees key j iff j <= i); `causal_lower_right` masks are
+    bottom-right. `scale` defaults to 1/sqrt(E); like PyTorch's, `scale` and `enable_gqa` are
+    keyword-only. With
     enable_gqa=True, key and value may have fewer heads (dim -3), H_q % H_kv == 0.
-    Unsupported: other attn_mask tensors, dropout_p > 0, value with Ev != E (NotImplementedError).
+    Unsupported: other attn_mask tensors, dropout_p > 0 (NotImplementedError).
 
     Empty inputs behave as PyTorch's: a batch, head or query length of 0 gives an empty output, and
     S = 0 (no keys) gives zeros, with zero or empty gradients. As in PyTorch, `is_causal` must be a
@@ -233,15 +235,6 @@ def scaled_dot_product_attention(
     where PyTorch also takes a bool.
     """
     _check_flags(dropout_p, is_causal)
-    if (
-        isinstance(value, torch.Tensor)
-        and isinstance(key, torch.Tensor)
-        and value.shape[-1] != key.shape[-1]
-    ):
-        raise NotImplementedError(
-            f"scaled_dot_product_attention: value must have key's head dimension "
-            f"E={key.shape[-1]} (Ev != E is not supported), got Ev={value.shape[-1]}"
-        )
     q, k, v, out_shape = _as_4d(query, key, value, enable_gqa)
     L, S = q.shape[-2], k.shape[-2]
     causal = _causal_from_mask(attn_mask, is_causal, L, S)

@@ -37,7 +37,7 @@ from .dtypes import dtype_name
 from .registry import IMPLEMENTATIONS, Implementation
 
 # keyword -> the registry feature an implementation needs to accept it
-_FEATURES = {"window_size": "window", "alibi_slopes": "alibi"}
+_FEATURES = {"window_size": "window", "alibi_slopes": "alibi", "score_mod": "score_mod"}
 
 
 def get_impl(name) -> Implementation:

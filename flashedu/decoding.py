@@ -25,10 +25,11 @@ two corners, without building the mask.
 Limits: forward only (decoding needs no gradient). The NumPy version builds each split's scores, a
 (N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding.
 The Triton split kernel holds the H / H_kv * N_q query rows of one K/V head in one tile (at most 128
-rows), reuses the mask and ALiBi helpers of `flashedu.triton_attention`, and shares its dtypes
-(fp16, bf16, fp32) and head dims; it picks one fixed launch configuration (no autotuning) and has
-not been timed on a GPU. Partial states go through HBM in float32: (num_splits, B, H, N_q) for m and
-l, and (num_splits, B, H, N_q, d) for o.
+rows), reuses the mask and ALiBi helpers of `flashedu.triton_common`, and shares the attention
+kernels' dtypes (fp16, bf16, fp32) and head dims (any d and value head dim d_v up to 256, padded by
+`flashedu.triton_tiles`); it picks one fixed launch configuration (no autotuning) and has not been
+timed on a GPU. Partial states go through HBM in float32: (num_splits, B, H, N_q) for m and l, and
+(num_splits, B, H, N_q, d_v) for o.
 
 Introduced in notebooks/09_beyond.ipynb.
 """
@@ -110,18 +111,20 @@ def forward(
     `softmax.merge`.
 
     Args:
-        q: (B, H, N_q, d), usually N_q = 1; k, v: (B, H_kv, N_k, d), H % H_kv == 0. float16/32/64
-            NumPy.
+        q: (B, H, N_q, d), usually N_q = 1; k: (B, H_kv, N_k, d), v: (B, H_kv, N_k, d_v),
+            H % H_kv == 0. float16/32/64 NumPy.
         causal, window_size, alibi_slopes: as in `reference.forward` (bottom-right alignment).
         num_splits: how many chunks (programs) the cache is cut into; chunks no query sees are
             skipped.
         return_states: also return [(cols, kind, (m, l, o)), ...], one entry per split, for the
             figures.
     Returns:
-        o (B, H, N_q, d) in q's dtype; lse (B, H, N_q) float32 (float64 for float64 input); -inf and
-        o = 0 on rows that see no key.
+        o (B, H, N_q, d_v) in q's dtype; lse (B, H, N_q) float32 (float64 for float64 input); -inf
+        and o = 0 on rows that see no key.
     """
-    B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="decoding.forward", kind="numpy")
+    B, H, H_kv, N_q, N_k, d = check_qkv(
+        q, k, v, name="decoding.forward", kind="numpy", value_dim=True
+    )
     scale = resolve_scale(softmax_scale, d, name="decoding.forward")
     causal = check_causal(causal, name="decoding.forward")
     window_size = _check_extras(q, alibi_slopes, window_size, "decoding.forward")
@@ -129,7 +132,7 @@ def forward(
     state = (
         np.full((B, H, N_q), -np.inf, acc),
         np.zeros((B, H, N_q), acc),
-        np.zeros((B, H, N_q, d), acc),
+        np.zeros((B, H, N_q, v.shape[-1]), acc),
     )
     states = []
     for cols in split_bounds(N_k, num_splits):
@@ -161,6 +164,7 @@ try:
 
     from .triton_common import LOG2E, alibi, visible
     from .triton_launch import INTERPRETER, check_inputs, kernel_flags, rows_contiguous
+    from .triton_tiles import load_tile, pad_dim, store_tile
 except ModuleNotFoundError as e:  # pragma: no cover - triton is an optional dependency
     if e.name not in ("triton", "torch"):
         raise
@@ -203,6 +207,9 @@ if triton is not None:
         LEFT,
         RIGHT,
         HEAD_DIM: tl.constexpr,
+        V_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
         HAS_LEFT: tl.constexpr,
         HAS_RIGHT: tl.constexpr,
         HAS_ALIBI: tl.constexpr,
@@ -221,7 +228,8 @@ if triton is not None:
         head = kv_head * GROUP + r // N_q
         i = r % N_q  # query index, for the mask and ALiBi
         live = r < GROUP * N_q
-        dims = tl.arange(0, HEAD_DIM)
+        dims = tl.arange(0, BLOCK_D)  # head dims padded to a power of two (flashedu.triton_tiles)
+        dims_v = tl.arange(0, BLOCK_DV)
         # the GROUP heads' queries stay on chip; K/V of this split are read once for all of them.
         # HBM: read rows*d
         q_ptrs = (
@@ -230,7 +238,7 @@ if triton is not None:
             + head[:, None].to(tl.int64) * stride_qh
             + i[:, None] * stride_qm
         )
-        q = tl.load(q_ptrs + dims[None, :], mask=live[:, None], other=0.0)
+        q = load_tile(q_ptrs + dims[None, :], r, GROUP * N_q, dims, HEAD_DIM, BLOCK_D, True)
         K += b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
         V += b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
         slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -242,18 +250,16 @@ if triton is not None:
             q = q.to(tl.float32)
         m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         start = tl.maximum(split * SPLIT, KEY_LO)  # keys no query can see are never loaded
         end = tl.minimum(tl.minimum(split * SPLIT + SPLIT, N_k), KEY_HI)
         for start_n in tl.range(start, end, BLOCK_N):
             cols = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(
-                K + cols[:, None] * stride_kn + dims[None, :], mask=cols[:, None] < end, other=0.0
-            )
-            v = tl.load(
-                V + cols[:, None] * stride_vn + dims[None, :], mask=cols[:, None] < end, other=0.0
-            )
-            if UPCAST:  # HBM: read BLOCK_N * d of K and of V
+            k_ptrs = K + cols[:, None] * stride_kn + dims[None, :]
+            v_ptrs = V + cols[:, None] * stride_vn + dims_v[None, :]
+            k = load_tile(k_ptrs, cols, end, dims, HEAD_DIM, BLOCK_D, True)
+            v = load_tile(v_ptrs, cols, end, dims_v, V_DIM, BLOCK_DV, True)
+            if UPCAST:  # HBM: read BLOCK_N * d of K and BLOCK_N * d_v of V
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             s = (
@@ -273,14 +279,15 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = tl.dot(
                 p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION
-            )  # (BLOCK_M, d)
+            )  # (BLOCK_M, d_v)
             m_i = m_new
         row = ((split * B + b) * H + head).to(tl.int64) * N_q + i  # into (num_splits, B, H, N_q)
         tl.store(
             M_PART + row, m_i * 0.6931471805599453, mask=live
-        )  # natural log units; HBM: write rows*(d+2)
+        )  # natural log units; HBM: write rows*(d_v+2)
         tl.store(L_PART + row, l_i, mask=live)
-        tl.store(O_PART + row[:, None] * HEAD_DIM + dims[None, :], acc, mask=live[:, None])
+        o_ptrs = O_PART + row[:, None] * V_DIM + dims_v[None, :]
+        store_tile(o_ptrs, acc, r, GROUP * N_q, dims_v, V_DIM, BLOCK_DV)
 
     @triton.jit
     def _combine_kernel(
@@ -291,34 +298,31 @@ if triton is not None:
         LSE,
         NUM_SPLITS,
         ROWS,
-        HEAD_DIM: tl.constexpr,
+        V_DIM: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
         BLOCK_S: tl.constexpr,
     ):
         """One program per query row: fold its NUM_SPLITS partial states at once, the rule of
         `softmax.merge`."""
         row = tl.program_id(0).to(tl.int64)
         s = tl.arange(0, BLOCK_S)
-        dims = tl.arange(0, HEAD_DIM)
+        dims = tl.arange(0, BLOCK_DV)
         m = tl.load(
             M_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=-float("inf")
-        )  # HBM: read S*(d+2)
+        )  # HBM: read S*(d_v+2)
         l = tl.load(L_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=0.0)
-        o = tl.load(
-            O_PART + (s[:, None] * ROWS + row) * HEAD_DIM + dims[None, :],
-            mask=s[:, None] < NUM_SPLITS,
-            other=0.0,
-        )
+        o_ptrs = O_PART + (s[:, None] * ROWS + row) * V_DIM + dims[None, :]
+        o = load_tile(o_ptrs, s, NUM_SPLITS, dims, V_DIM, BLOCK_DV, True)
         m_max = tl.max(m, 0)
         m_use = tl.where(m_max == -float("inf"), 0.0, m_max)
         w = tl.exp(m - m_use)  # each split's weight; 0 for an empty split
         l_sum = tl.sum(w * l, 0)
         l_use = tl.where(l_sum == 0.0, 1.0, l_sum)
-        tl.store(
-            O + row * HEAD_DIM + dims, (tl.sum(w[:, None] * o, 0) / l_use).to(O.dtype.element_ty)
-        )
+        o_row = (tl.sum(w[:, None] * o, 0) / l_use).to(O.dtype.element_ty)
+        tl.store(O + row * V_DIM + dims, o_row, mask=dims < V_DIM)
         tl.store(
             LSE + row, tl.where(l_sum == 0.0, -float("inf"), m_use + tl.log(l_use))
-        )  # HBM: write d + 1
+        )  # HBM: write d_v + 1
 
 
 def combine(m, l, o, dtype=None):
@@ -337,7 +341,8 @@ def combine(m, l, o, dtype=None):
         lse,
         S,
         rows,
-        HEAD_DIM=d,
+        V_DIM=d,
+        BLOCK_DV=pad_dim(d),
         BLOCK_S=max(2, triton.next_power_of_2(S)),
     )
     return out, lse
@@ -361,8 +366,9 @@ def triton_forward(
     tensors.
 
     q: (B, H, N_q, d), with H / H_kv * N_q <= 128 rows (one program holds the queries of every head
-    that shares a K/V head: K and V are read once per group, the point of GQA at decode time); fp16,
-    bf16 or fp32, d in {16, 32, 64, 128, 256}; CUDA tensors, or CPU tensors under the interpreter.
+    that shares a K/V head: K and V are read once per group, the point of GQA at decode time); v
+    may have its own head dim d_v; fp16, bf16 or fp32, d and d_v from 1 to 256; CUDA tensors, or
+    CPU tensors under the interpreter.
     block_n: keys per inner step (a power of two >= 16; default 16 under the interpreter, 64 on a
     GPU).
     return_states: also return the partial states (m, l, o), each with a leading num_splits axis.
@@ -387,9 +393,11 @@ def triton_forward(
     keys = kv_blocks(
         0, N_q, N_q, N_k, 1, causal=causal, window_size=check_window(window_size, name=name)
     )
+    d_v = v.shape[-1]
+    flags.update(V_DIM=d_v, BLOCK_D=pad_dim(d), BLOCK_DV=pad_dim(d_v))
     parts = [
         torch.empty((len(splits), B, H, N_q, *extra), dtype=torch.float32, device=q.device)
-        for extra in ((), (), (d,))
+        for extra in ((), (), (d_v,))
     ]
     slopes = parts[0] if slopes is None else slopes  # any float32 pointer without ALiBi
     _split_kernel[(len(splits), B * H_kv)](

@@ -29,9 +29,9 @@ from . import traffic
 _H100 = traffic.GPUS["H100-SXM"]
 MATMUL_TFLOPS = _H100.dense_flops / 1e12
 """Dense FP16/BF16 tensor-core rate of the H100 SXM5: 989 TFLOP/s (H100 datasheet; FA3 s3.2)."""
-SFU_TFLOPS = getattr(_H100, "sfu_flops", 3.9e12) / 1e12
-"""Special-function rate of the H100 SXM5, 3.9 TFLOP/s (FA3 s3.2), read from the traffic preset
-once it carries one (`sfu_flops`)."""
+SFU_TFLOPS = _H100.sfu_tflops
+"""Special-function rate of the H100 SXM5, 3.9 TFLOP/s (FA3 s3.2), read from the preset's
+`sfu_flops` (`flashedu.hardware`)."""
 SMS = _H100.sms
 LOAD_BYTES_PER_S = _H100.hbm_bandwidth / _H100.sms
 """One SM's share of the H100 SXM5's 3.35 TB/s of HBM bandwidth: a pessimistic load rate (no L2)."""
@@ -66,8 +66,10 @@ def softmax_budget(
 
     Matmul: 4 B H N^2 d FLOPs (Q K^T and P V, 2 FLOPs per multiply-add) at `matmul_tflops`.
     Exponentials: one per score, B H N^2, at `sfu_tflops` (one special-function op each).
-    A causal mask halves both counts (the course's convention, as in `traffic.attention_flops`),
-    so it leaves their ratio t_exp / t_matmul = matmul_tflops / (4 d sfu_tflops) unchanged.
+    A causal mask keeps the visible scores only, exactly N (N + 1) / 2 per head (the diagonal
+    included; `traffic.attention_flops` and `traffic.exp_count`), for the matmuls and the exps
+    alike, so it leaves their ratio t_exp / t_matmul = matmul_tflops / (4 d sfu_tflops) unchanged.
+    (Benchmarks report the x0.5 convention instead, `traffic.benchmark_flops`.)
 
     Introduced in notebooks/11_hopper.ipynb (exercise 11.1).
     """
@@ -76,7 +78,7 @@ def softmax_budget(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     flops = traffic.attention_flops(B, H, N, N, d, causal=causal)
-    exps = B * H * N * N * (0.5 if causal else 1.0)
+    exps = traffic.exp_count(B, H, N, N, causal=causal)
     return (
         flops / (_positive("matmul_tflops", matmul_tflops) * 1e12),
         exps / (_positive("sfu_tflops", sfu_tflops) * 1e12),

@@ -26,7 +26,9 @@ def seed_everything(seed: int = 0) -> np.random.Generator:
 
 
 def source(obj) -> str:
-    """The source text of a function, class or module from flashedu."""
+    """The source text of a function, class, module or @triton.jit kernel from flashedu."""
+    if type(obj).__module__.startswith("triton") and hasattr(obj, "fn"):
+        obj = obj.fn  # a kernel object wraps the Python function it was written as
     return inspect.getsource(obj)
 
 

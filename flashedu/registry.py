@@ -6,9 +6,10 @@ Each entry names a module with the common contract
     backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, ...) -> (dq, dk, dv)
 
 and says what arrays it takes ("numpy" or "torch"), which dtypes, and which features beyond plain
-and causal attention it supports: "gqa" (fewer K/V heads), "window" (sliding window), "alibi".
-The NumPy and PyTorch implementations are imported here (they need nothing beyond numpy and
-torch); the Triton module loads on first use, so listing it does not import triton.
+and causal attention it supports: "gqa" (fewer K/V heads), "window" (sliding window), "alibi",
+"score_mod" (a `flashedu.triton_mods` score mod). The NumPy and PyTorch implementations are
+imported here (they need nothing beyond numpy and torch); the Triton module loads on first use, so
+listing it does not import triton.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "triton_attention",
             "torch",
             ["float16", "bfloat16", "float32"],
-            ["gqa", "window", "alibi"],
+            ["gqa", "window", "alibi", "score_mod"],
             "06",
             "FlashAttention-2 kernels in Triton",
         ),

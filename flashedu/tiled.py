@@ -55,14 +55,14 @@ def _heads(p: Problem, x: np.ndarray) -> np.ndarray:
 
 def _forward_fa2(p: Problem, qs, k, v, ledger):
     """Outer loop over query blocks: q_i, o_i, m_i, l_i stay in SRAM; K_j, V_j stream past."""
-    o = np.empty(qs.shape, dtype=p.dtype)  # (B, H_kv, g, N_q, d) in HBM
+    o = np.empty(qs.shape[:-1] + (p.d_v,), dtype=p.dtype)  # (B, H_kv, g, N_q, d_v) in HBM
     lse = np.empty(qs.shape[:-1], dtype=p.acc)  # (B, H_kv, g, N_q) in HBM
     cols = row_blocks(p.N_k, p.block_n)
     for i, (r0, r1) in enumerate(row_blocks(p.N_q, p.block_m)):
         qs_i = qs[..., r0:r1, :]  # (B, H_kv, g, bm, d)
         m_i = np.full(qs_i.shape[:-1], -np.inf, dtype=p.acc)  # -inf: nothing seen yet
         l_i = np.zeros(qs_i.shape[:-1], dtype=p.acc)
-        o_i = np.zeros(qs_i.shape, dtype=p.acc)
+        o_i = np.zeros(qs_i.shape[:-1] + (p.d_v,), dtype=p.acc)
         visible = p.kv_blocks(r0, r1)
         for j, (c0, c1) in enumerate(cols):
             ledger.step(
@@ -79,15 +79,15 @@ def _forward_fa2(p: Problem, qs, k, v, ledger):
             if j == visible[0]:
                 ledger.read("Q", p.hbm(r1 - r0))  # HBM: q_i once; it stays in SRAM for the K/V loop
             ledger.read("K", p.hbm(c1 - c0))  # HBM: k_j, v_j for every visible tile
-            ledger.read("V", p.hbm(c1 - c0))
+            ledger.read("V", p.hbm(c1 - c0, d=p.d_v))
             s_ij = scores(p, qs_i, k[..., c0:c1, :], r0, r1, c0, c1)
             m_i, l_i, p_ij, alpha = softmax.online_step(m_i, l_i, s_ij)
             o_i = (
                 alpha[..., None] * o_i + p_ij @ v[..., c0:c1, :]
-            )  # rescale: the row max moved; (bm, bn) @ (bn, d)
+            )  # rescale: the row max moved; (bm, bn) @ (bn, d_v)
         o_i, lse[..., r0:r1] = softmax.finalize(m_i, l_i, o_i)
         o[..., r0:r1, :] = o_i
-        ledger.write("O", p.hbm(r1 - r0))  # HBM: o_i and lse_i once
+        ledger.write("O", p.hbm(r1 - r0, d=p.d_v))  # HBM: o_i and lse_i once
         ledger.write("lse", p.stat(r1 - r0))
     return o, lse
 
@@ -95,10 +95,10 @@ def _forward_fa2(p: Problem, qs, k, v, ledger):
 def _forward_fa1(p: Problem, qs, k, v, ledger):
     """Outer loop over K/V blocks: k_j, v_j stay in SRAM; O, m, l make a round trip to HBM per
     tile."""
-    o = np.zeros(qs.shape, dtype=p.dtype)  # Alg. 1 line 2: O = 0, l = 0, m = -inf in HBM
+    o = np.zeros(qs.shape[:-1] + (p.d_v,), dtype=p.dtype)  # Alg. 1 line 2: O = 0, l = 0, m = -inf
     m = np.full(qs.shape[:-1], -np.inf, dtype=p.acc)
     l = np.zeros(qs.shape[:-1], dtype=p.acc)
-    ledger.write("O", p.hbm(p.N_q))
+    ledger.write("O", p.hbm(p.N_q, d=p.d_v))
     ledger.write("m", p.stat(p.N_q))
     ledger.write("l", p.stat(p.N_q))
     rows = row_blocks(p.N_q, p.block_m)
@@ -120,11 +120,11 @@ def _forward_fa1(p: Problem, qs, k, v, ledger):
                 continue
             if not loaded:
                 ledger.read("K", p.hbm(c1 - c0))
-                ledger.read("V", p.hbm(c1 - c0))  # HBM: k_j, v_j once
+                ledger.read("V", p.hbm(c1 - c0, d=p.d_v))  # HBM: k_j, v_j once
                 loaded = True
             for t, n in (
                 ("Q", p.hbm(r1 - r0)),
-                ("O", p.hbm(r1 - r0)),
+                ("O", p.hbm(r1 - r0, d=p.d_v)),
                 ("m", p.stat(r1 - r0)),
                 ("l", p.stat(r1 - r0)),
             ):
@@ -138,7 +138,8 @@ def _forward_fa1(p: Problem, qs, k, v, ledger):
                 o_i / np.where(l_new > 0, l_new, 1)[..., None]
             )  # Alg. 1 keeps O normalised
             m[..., r0:r1], l[..., r0:r1] = m_new, l_new
-            for t, n in (("O", p.hbm(r1 - r0)), ("m", p.stat(r1 - r0)), ("l", p.stat(r1 - r0))):
+            o_bytes = p.hbm(r1 - r0, d=p.d_v)
+            for t, n in (("O", o_bytes), ("m", p.stat(r1 - r0)), ("l", p.stat(r1 - r0))):
                 ledger.write(t, n)  # HBM: o_i, m_i, l_i back
     ledger.read("m", p.stat(p.N_q))
     ledger.read("l", p.stat(p.N_q))
@@ -164,7 +165,8 @@ def forward(
     """Exact attention by tiles.
 
     Args:
-        q: (B, H, N_q, d); k, v: (B, H_kv, N_k, d), H % H_kv == 0. float16, float32 or float64.
+        q: (B, H, N_q, d); k: (B, H_kv, N_k, d); v: (B, H_kv, N_k, d_v), H % H_kv == 0. float16,
+            float32 or float64.
         causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned).
         softmax_scale: default 1 / sqrt(d).
         window_size: optional (left, right), -1 for an unbounded side (see `masks.visible`).
@@ -179,8 +181,8 @@ def forward(
         ledger: a `traffic.Ledger`; receives every HBM transfer, one `step` per tile (skipped ones
             too, with skipped=True), and `fit` of the tile set.
     Returns:
-        o (B, H, N_q, d) in q's dtype (0 on fully masked rows), lse (B, H, N_q) float32 (float64 for
-        float64 input; -inf on fully masked rows).
+        o (B, H, N_q, d_v) in q's dtype (0 on fully masked rows), lse (B, H, N_q) float32 (float64
+        for float64 input; -inf on fully masked rows).
     """
     p = setup(
         "tiled.forward",
@@ -199,6 +201,10 @@ def forward(
     tiles = tile_bytes(
         p.block_m, p.block_n, p.d, itemsize=p.dtype.itemsize, acc_itemsize=p.acc.itemsize
     )
+    if p.d_v != p.d:  # v_j and the accumulator o_i have the value head dim
+        tiles.update(
+            v_j=p.block_n * p.d_v * p.dtype.itemsize, o_i=p.block_m * p.d_v * p.acc.itemsize
+        )
     if sram_bytes is not None and block_m is not None and block_n is not None:
         Ledger(sram_bytes=int(sram_bytes)).fit(**tiles)
     ledger.fit(**tiles)
@@ -206,7 +212,7 @@ def forward(
     k = k.astype(p.acc, copy=False)[:, :, None]  # (B, H_kv, 1, N_k, d)
     v = v.astype(p.acc, copy=False)[:, :, None]
     o, lse = (_forward_fa2 if order == "fa2" else _forward_fa1)(p, qs, k, v, ledger)
-    return o.reshape(p.B, p.H, p.N_q, p.d), lse.reshape(p.B, p.H, p.N_q)
+    return o.reshape(p.B, p.H, p.N_q, p.d_v), lse.reshape(p.B, p.H, p.N_q)
 
 
 __all__ = ["forward", "backward", "setup", "scores", "Problem"]

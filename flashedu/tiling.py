@@ -49,10 +49,12 @@ class Problem:
     block_n: int
     dtype: np.dtype  # input dtype (storage in HBM)
     acc: np.dtype  # accumulation dtype
+    d_v: int  # value head dim (V, O, dO, dV), d unless v has its own
 
-    def hbm(self, rows: int, itemsize: int | None = None) -> int:
-        """Bytes of `rows` rows of a (B, H, N, d) tensor, over all (batch, head) programs."""
-        return self.B * self.H * rows * self.d * (itemsize or self.dtype.itemsize)
+    def hbm(self, rows: int, itemsize: int | None = None, d: int | None = None) -> int:
+        """Bytes of `rows` rows of a (B, H, N, d) tensor (or of head dim `d`, e.g. d_v), over all
+        (batch, head) programs."""
+        return self.B * self.H * rows * (d or self.d) * (itemsize or self.dtype.itemsize)
 
     def stat(self, rows: int) -> int:
         """Bytes of `rows` entries of a (B, H, N) statistic (m, l, lse, D) in the accumulation
@@ -91,7 +93,7 @@ def setup(
 ) -> Problem:
     """Validate the inputs of `forward` / `backward` and settle block sizes; raises
     ValueError / TypeError."""
-    B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name=name, kind="numpy")
+    B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name=name, kind="numpy", value_dim=True)
     scale = resolve_scale(softmax_scale, d, name=name)
     window = check_window(window_size, name=name)
     causal = check_causal(causal, name=name)
@@ -121,6 +123,7 @@ def setup(
         min(bn, N_k),
         q.dtype,
         acc,
+        v.shape[-1],
     )
 
 

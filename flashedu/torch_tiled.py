@@ -35,7 +35,8 @@ BLOCK_N = 64
 
 
 def _group(q, k, v, H_kv, acc):
-    """(B, H, N, d) -> (B*H_kv, G, N, d) for q and (B*H_kv, 1, N, d) for k, v, with G = H // H_kv.
+    """(B, H, N, d) -> (B*H_kv, G, N, d) for q and (B*H_kv, 1, N, d) for k, v (v keeps its own head
+    dim d_v), with G = H // H_kv.
 
     Query head h reads K/V head h // G (GQA), so the G query heads of a group broadcast against one
     K/V head in every matmul below: K and V are never copied H // H_kv times.
@@ -43,7 +44,7 @@ def _group(q, k, v, H_kv, acc):
     B, H, N_q, d = q.shape
     q = q.to(acc).reshape(B * H_kv, H // H_kv, N_q, d)
     k = k.to(acc).reshape(B * H_kv, 1, k.shape[2], d)
-    v = v.to(acc).reshape(B * H_kv, 1, v.shape[2], d)
+    v = v.to(acc).reshape(B * H_kv, 1, v.shape[2], v.shape[3])
     return q, k, v
 
 
@@ -74,7 +75,7 @@ def _forward_rows(q_i, k, v, i0, scale, causal, offset, block_n):
         q_i.shape[:-1], float("-inf"), dtype=q_i.dtype, device=q_i.device
     )  # running row max
     l_i = torch.zeros_like(m_i)  # running row sum
-    o_i = torch.zeros_like(q_i)  # unnormalised output
+    o_i = q_i.new_zeros((*q_i.shape[:-1], v.shape[-1]))  # unnormalised output, (.., m, d_v)
     for j0 in range(0, _key_end(i0 + q_i.shape[-2], k.shape[-2], causal, offset), block_n):
         k_j, v_j = (
             k[..., j0 : j0 + block_n, :],
@@ -90,7 +91,7 @@ def _forward_rows(q_i, k, v, i0, scale, causal, offset, block_n):
         p_ij = torch.exp(s_ij - m_safe[..., None])  # masked entries: exp(-inf) = 0
         alpha = torch.exp(m_i - m_safe)  # rescale: the row max moved
         l_i = alpha * l_i + p_ij.sum(dim=-1)
-        o_i = alpha[..., None] * o_i + torch.matmul(p_ij, v_j)  # (BH_kv, G, m, d)
+        o_i = alpha[..., None] * o_i + torch.matmul(p_ij, v_j)  # (BH_kv, G, m, d_v)
         m_i = m_new
     seen = l_i > 0  # False only on fully masked rows
     o_i = o_i / torch.where(seen, l_i, torch.ones_like(l_i))[..., None]
@@ -116,33 +117,35 @@ def forward(
     """Exact attention by tiles in PyTorch, never forming the (N_q, N_k) score matrix.
 
     Args:
-        q: (B, H, N_q, d).  k, v: (B, H_kv, N_k, d) with H % H_kv == 0. float16, bfloat16, float32
-            or float64.
+        q: (B, H, N_q, d).  k: (B, H_kv, N_k, d), v: (B, H_kv, N_k, d_v) with H % H_kv == 0.
+            float16, bfloat16, float32 or float64.
         causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned); key blocks wholly
             above the diagonal are skipped, not masked.
         softmax_scale: multiplies q @ k^T before the softmax; default 1 / sqrt(d).
         block_m, block_n: rows of Q and of K/V per tile (B_r and B_c in the paper). Any N_q, N_k is
             allowed.
     Returns:
-        o: (B, H, N_q, d) in q's dtype; a fully masked row is 0.
+        o: (B, H, N_q, d_v) in q's dtype; a fully masked row is 0.
         lse: (B, H, N_q) float32 (float64 for float64 input), natural-log logsumexp of each scaled
             score row, -inf on fully masked rows.
     """
-    B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="torch_tiled.forward", kind="torch")
+    B, H, H_kv, N_q, N_k, d = check_qkv(
+        q, k, v, name="torch_tiled.forward", kind="torch", value_dim=True
+    )
     scale = resolve_scale(softmax_scale, d, name="torch_tiled.forward")
     causal = check_causal(causal, name="torch_tiled.forward")
     block_m = check_block(block_m, "block_m", name="torch_tiled.forward")
     block_n = check_block(block_n, "block_n", name="torch_tiled.forward")
     acc = acc_dtype(q.dtype)
     qg, kg, vg = _group(q, k, v, H_kv, acc)
-    o = torch.zeros_like(qg)  # HBM: write B H N_q d
+    o = qg.new_zeros((*qg.shape[:-1], v.shape[-1]))  # HBM: write B H N_q d_v
     lse = torch.full(qg.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # HBM: write B H N_q
     for i0 in range(0, N_q, block_m):
         q_i = qg[..., i0 : i0 + block_m, :]  # HBM: read one Q block
         o[..., i0 : i0 + block_m, :], lse[..., i0 : i0 + block_m] = _forward_rows(
             q_i, kg, vg, i0, scale, causal, N_k - N_q, block_n
         )
-    return o.reshape(B, H, N_q, d).to(q.dtype), lse.reshape(B, H, N_q)
+    return o.reshape(B, H, N_q, v.shape[-1]).to(q.dtype), lse.reshape(B, H, N_q)
 
 
 def _backward_cols(j0, qg, kg, vg, dog, lse, delta, dq, scale, causal, block_m, block_n):
@@ -193,21 +196,23 @@ def backward(
     dK_j += scale dS_ij^T Q_i.
 
     Args:
-        do, o: (B, H, N_q, d) in q's dtype; lse: (B, H, N_q) from `forward`. Other arguments as in
+        do, o: (B, H, N_q, d_v) in q's dtype; lse: (B, H, N_q) from `forward`. Other arguments as in
             `forward`, and they must be the same values forward used.
     Returns:
-        dq (B, H, N_q, d), dk and dv (B, H_kv, N_k, d), in q's dtype. Fully masked rows contribute
-        nothing.
+        dq (B, H, N_q, d), dk (B, H_kv, N_k, d) and dv (B, H_kv, N_k, d_v), in q's dtype. Fully
+        masked rows contribute nothing.
     """
-    B, H, H_kv, N_q, N_k, d = check_qkv(q, k, v, name="torch_tiled.backward", kind="torch")
-    check_backward(do, o, lse, q, name="torch_tiled.backward", kind="torch")
+    B, H, H_kv, N_q, N_k, d = check_qkv(
+        q, k, v, name="torch_tiled.backward", kind="torch", value_dim=True
+    )
+    check_backward(do, o, lse, q, name="torch_tiled.backward", kind="torch", v=v)
     scale = resolve_scale(softmax_scale, d, name="torch_tiled.backward")
     causal = check_causal(causal, name="torch_tiled.backward")
     block_m = check_block(block_m, "block_m", name="torch_tiled.backward")
     block_n = check_block(block_n, "block_n", name="torch_tiled.backward")
     acc = acc_dtype(q.dtype)
     qg, kg, vg = _group(q, k, v, H_kv, acc)
-    dog, og = (x.to(acc).reshape(qg.shape) for x in (do, o))
+    dog, og = (x.to(acc).reshape(*qg.shape[:-1], v.shape[-1]) for x in (do, o))
     lse = lse.to(acc).reshape(qg.shape[:-1])
     lse = torch.where(
         torch.isfinite(lse), lse, torch.full_like(lse, float("inf"))
@@ -222,5 +227,5 @@ def backward(
     return (
         dq.reshape(B, H, N_q, d).to(q.dtype),
         dk.reshape(B, H_kv, N_k, d).to(q.dtype),
-        dv.reshape(B, H_kv, N_k, d).to(q.dtype),
+        dv.reshape(B, H_kv, N_k, v.shape[-1]).to(q.dtype),
     )

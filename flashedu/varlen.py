@@ -16,14 +16,17 @@ result is FlexAttention's document mask over the packed tokens (`flashedu.flex.d
 `attention_varlen` validates once, then hands the packed tensors to a packed implementation. The one
 here, `loop`, runs flashedu's (B=1) attention per sequence through autograd: exact, differentiable,
 one launch per sequence. A kernel that takes the packed tensors in one launch registers itself in
-`PACKED` under an implementation's name and is used for that name (and by "auto" for CUDA tensors
-when registered as "triton"); it must accept the arguments of `loop` but `impl`.
+`PACKED` under an implementation's name (the function, or the name of a module whose
+`attention_varlen` it is) and is used for that name (and by "auto" for CUDA tensors when registered
+as "triton"); it must accept the arguments of `loop` but `impl`. "triton" is
+`flashedu.triton_varlen`: the Triton kernels over the packed tensors, one launch per kernel.
 
 Introduced in notebooks/10_in_practice.ipynb.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import torch
@@ -31,9 +34,11 @@ import torch
 from ._validate import resolve_scale
 from .api import attention
 
-PACKED: dict[
-    str, Callable
-] = {}  # impl name -> one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, ...)
+# impl name -> a one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, ...), or the name of a module
+# whose `attention_varlen` is one, imported on first use (as flashedu.registry lists the Triton
+# kernels, so this module does not import triton)
+PACKED: dict[str, Callable | str] = {"triton": "flashedu.triton_varlen"}
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
 
 
 def _check_tensors(q, k, v) -> None:
@@ -197,8 +202,12 @@ def attention_varlen(
     if not isinstance(causal, bool):
         raise TypeError(f"attention_varlen: causal must be a bool, got {causal!r}")
     scale = resolve_scale(softmax_scale, q.shape[2], name="attention_varlen")
-    name = "triton" if impl == "auto" and q.is_cuda and "triton" in PACKED else impl
+    triton_ok = q.is_cuda and q.dtype in _TRITON_DTYPES and q.shape[2] <= 256
+    name = "triton" if impl == "auto" and triton_ok and "triton" in PACKED else impl
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if name in PACKED:
-        return PACKED[name](*args, causal=causal, softmax_scale=scale)
+        one_launch = PACKED[name]
+        if isinstance(one_launch, str):
+            one_launch = importlib.import_module(one_launch).attention_varlen
+        return one_launch(*args, causal=causal, softmax_scale=scale)
     return loop(*args, causal=causal, softmax_scale=scale, impl=impl)

@@ -143,8 +143,9 @@ def test_memory_budget_skips_and_says_why():
 
 def test_tflops_and_memory_model_closed_forms():
     assert bench.tflops(1, 1, 1000, 100, 1.0) == pytest.approx(4 * 1000**2 * 100 / 1e-3 / 1e12)
+    visible = 1000 * 1001 // 2  # causal: the (query, key) pairs the mask shows
     assert bench.tflops(2, 3, 1000, 64, 2.0, causal=True, pass_="fwd_bwd") == pytest.approx(
-        3.5 * 0.5 * 4 * 6 * 1000**2 * 64 / 2e-3 / 1e12
+        3.5 * 4 * 6 * visible * 64 / 2e-3 / 1e12
     )
     B, H, N, d = 1, 16, 131072, 128
     assert bench.memory_model("naive", B, H, N, d) == 2 * (4 * B * H * N * d + 2 * B * H * N * N)

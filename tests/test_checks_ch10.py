@@ -74,21 +74,48 @@ def _document(cu, *, same_doc=True, causal=True, right=True):
 
 # ------------------------------------------------------------------------------ graders
 
-SOLUTIONS = [
-    (checks.alibi_mod, [flex.alibi, _alibi]),
-    (checks.softcap_mod, [flex.softcap, _softcap]),
-    (checks.relative_bias_mod, [lambda t, D: flex.relative_bias(t, max_distance=D), _relative]),
-    (checks.sliding_window_mask, [flex.sliding_window, _window]),
-    (checks.prefix_lm_mask, [flex.prefix_lm, _prefix]),
-    (checks.document_mask, [lambda cu: flex.document(cu, causal=True), _document]),
+SOLUTIONS = [  # (grader, a learner's factory, the package's, the package function's name)
+    (checks.alibi_mod, _alibi, flex.alibi, "alibi"),
+    (checks.softcap_mod, _softcap, flex.softcap, "softcap"),
+    (
+        checks.relative_bias_mod,
+        _relative,
+        lambda t, D: flex.relative_bias(t, max_distance=D),
+        "relative_bias",
+    ),
+    (checks.sliding_window_mask, _window, flex.sliding_window, "sliding_window"),
+    (checks.prefix_lm_mask, _prefix, flex.prefix_lm, "prefix_lm"),
+    (checks.document_mask, _document, lambda cu: flex.document(cu, causal=True), "document"),
 ]
 
 
-@pytest.mark.parametrize("grader,solutions", SOLUTIONS, ids=lambda x: getattr(x, "__name__", ""))
-def test_graders_accept_the_solutions(grader, solutions):
-    for seed, fn in enumerate(solutions):
-        report, text = run_grader(grader, fn, seed=seed)
+@pytest.mark.parametrize("grader,mine,package,name", SOLUTIONS, ids=[s[3] for s in SOLUTIONS])
+def test_graders_accept_a_learners_mod_and_refuse_the_packages(grader, mine, package, name):
+    for seed in range(2):
+        report, text = run_grader(grader, mine, seed=seed)
         assert report.passed, text
+    report, text = run_grader(grader, package, seed=0)
+    assert not report.passed
+    assert report.diagnosis.startswith(f"called flashedu.flex.{name}"), text
+
+
+def test_the_packages_mods_equal_the_learners_on_the_grid():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(1, 3, 11, 11, dtype=torch.float64, generator=g).numpy()
+    slopes, table = torch.rand(3, dtype=torch.float64), torch.randn(3, 9, dtype=torch.float64)
+    for package, mine in (
+        (flex.alibi(slopes), _alibi(slopes)),
+        (flex.softcap(2.5), _softcap(2.5)),
+        (flex.relative_bias(table, max_distance=4), _relative(table, 4)),
+    ):
+        assert (flex.score_array(package, scores) == flex.score_array(mine, scores)).all()
+    cu = torch.tensor([0, 4, 4, 11], dtype=torch.int32)
+    for package, mine in (
+        (flex.sliding_window(3), _window(3)),
+        (flex.prefix_lm(4), _prefix(4)),
+        (flex.document(cu, causal=True), _document(cu)),
+    ):
+        assert (flex.mask_array(package, 1, 3, 11, 11) == flex.mask_array(mine, 1, 3, 11, 11)).all()
 
 
 BUGS = [
@@ -123,7 +150,8 @@ def test_graders_name_each_planted_bug(grader, bug, words):
     for seed in range(2):
         report, text = run_grader(grader, bug, seed=seed)
         assert not report.passed, words
-        assert words in text, text
+        assert words in report.diagnosis, text
+        assert text.count("what is wrong") == 1
 
 
 def test_a_wrong_answer_without_a_known_mistake_shows_the_first_wrong_entry():
@@ -136,11 +164,46 @@ def test_a_factory_that_returns_no_function_is_reported():
     assert not report.passed and "expected a score_mod function, got float" in text, text
 
 
-@pytest.mark.parametrize("grader", [g for g, _ in SOLUTIONS], ids=lambda g: g.__name__)
+@pytest.mark.parametrize("grader", [s[0] for s in SOLUTIONS], ids=lambda g: g.__name__)
 def test_stubs_report_not_attempted(grader):
     def stub(*args):
         raise NotImplementedError("Exercise 10.x")
 
     report, text = run_grader(grader, stub)
     assert not report.attempted
-    assert text == f"{grader.__name__}: not attempted yet (reference: {grader.solution_name})"
+    assert text == f"{grader.__name__}: not attempted yet"
+    lines = []
+    checks.hint(grader, out=lines.append)
+    assert any("_mod(" in line for line in lines), lines
+
+
+def _package_inside(slopes):
+    inner = flex.alibi(slopes)  # built while grading: the factory's call is refused
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return inner(score, b, h, q_idx, kv_idx)
+
+    return mod
+
+
+def _package_in_mod(slopes):
+    def mod(score, b, h, q_idx, kv_idx):  # the package's mod, built at every call
+        return flex.alibi(slopes)(score, b, h, q_idx, kv_idx)
+
+    return mod
+
+
+@pytest.mark.parametrize("make", [flex.alibi, _package_inside, _package_in_mod])
+def test_flashedus_own_mods_are_refused_by_name(make):
+    report, text = run_grader(checks.alibi_mod, make, seed=0)
+    assert not report.passed
+    assert report.diagnosis.startswith("called flashedu.flex.alibi"), text
+
+
+def test_a_wrong_report_leads_with_one_case_and_its_inputs():
+    report, text = run_grader(checks.softcap_mod, lambda c: _softcap(c, form="clamp"), seed=1)
+    lines = text.splitlines()
+    assert lines[0].startswith("softcap_mod: wrong (") and lines[1].startswith("  case "), text
+    assert "inputs: factory(" in text and "q, k, v (1, 2, " in text, text
+    assert "checks.softcap_mod(your_function, seed=1)" in text, text
+    assert max(len(line) for line in lines) <= 100, text

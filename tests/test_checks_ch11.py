@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashedu import checks, fp8, hopper
+from flashedu import checks, fp8, hopper, traffic
 from flashedu.testing import run_grader
 
 # --------------------------------------------------------------------------------- 11.1 the budget
@@ -22,8 +22,8 @@ def _budget(
     causal=False,
     matmul_tflops=989.4,
     sfu_tflops=3.9,
-    halve_exp=True,
-    halve_mm=True,
+    causal_exp="exact",
+    causal_mm="exact",
     matmuls=2,
     exps_per_score=1,
     unit=1e12,
@@ -32,19 +32,25 @@ def _budget(
     order=True,
     scale=1.0,
 ):
-    """A learner-style solution with switches that plant the classic slips."""
+    """A learner-style solution with switches that plant the classic slips. causal_exp and
+    causal_mm: how the causal mask is counted, "exact" (N (N + 1) / 2 scores per head), "half"
+    (N^2 / 2, the benchmark convention) or "all" (the whole square)."""
     heads = B * H if bh else 1
-    flops = 2 * matmuls * heads * N * N * d * (0.5 if causal and halve_mm else 1.0)
-    exps = heads * N * N * exps_per_score * (0.5 if causal and halve_exp else 1.0)
+    area = {"exact": N * (N + 1) / 2, "half": N * N / 2, "all": N * N}
+    mm_area = area[causal_mm] if causal else N * N
+    exp_area = area[causal_exp] if causal else N * N
+    flops = 2 * matmuls * heads * mm_area * d
+    exps = heads * exp_area * exps_per_score
     mm, sfu = (sfu_tflops, matmul_tflops) if swap_rates else (matmul_tflops, sfu_tflops)
     t = (flops / (mm * unit) * scale, exps / (sfu * unit) * scale)
     return t if order else t[::-1]
 
 
 BUDGET_BUGS = {
-    "the exps were not halved for the causal mask": dict(halve_exp=False),
-    "the matmul FLOPs were not halved for the causal mask": dict(halve_mm=False),
-    "causal was not halved": dict(halve_exp=False, halve_mm=False),
+    "the causal exps count the whole square": dict(causal_exp="all"),
+    "the causal matmul FLOPs count the whole square": dict(causal_mm="all"),
+    "causal was ignored": dict(causal_exp="all", causal_mm="all"),
+    "x0.5 is the benchmark convention": dict(causal_exp="half", causal_mm="half"),
     "one matmul counted": dict(matmuls=1),
     "an exponential per multiply-add": dict(exps_per_score="d"),
     "TFLOP/s used as FLOP/s": dict(unit=1.0),
@@ -56,11 +62,13 @@ BUDGET_BUGS = {
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_budget_solutions_pass(seed):
-    for solution in (hopper.softmax_budget, _budget):
-        report, text = run_grader(checks.exp_budget, solution, seed)
-        assert report.passed, text
-        assert "all cases pass" in text
+def test_budget_solution_passes_and_agrees_with_the_package(seed):
+    report, text = run_grader(checks.exp_budget, _budget, seed)
+    assert report.passed and "all cases pass" in text, text
+    for causal in (False, True):
+        args = (seed + 1, 7, 1000 + seed, 96)
+        kw = dict(causal=causal, matmul_tflops=800.0, sfu_tflops=2.5)
+        assert hopper.softmax_budget(*args, **kw) == pytest.approx(_budget(*args, **kw), rel=1e-12)
 
 
 @pytest.mark.parametrize("bug", BUDGET_BUGS)
@@ -73,7 +81,21 @@ def test_budget_bugs_are_named(bug):
 
     report, text = run_grader(checks.exp_budget, buggy, seed=4)
     assert not report.passed
-    assert bug in text, text
+    assert bug in report.diagnosis, text
+    assert text.count("what is wrong") == 1
+
+
+def test_budget_rejects_flashedus_own_counts():
+    def via_traffic(B, H, N, d, *, causal, matmul_tflops, sfu_tflops):
+        flops = traffic.attention_flops(B, H, N, N, d, causal=causal)
+        return flops / matmul_tflops / 1e12, traffic.exp_count(B, H, N, N, causal=causal) / 3.9e12
+
+    for shortcut, called in (
+        (hopper.softmax_budget, "called flashedu.hopper.softmax_budget"),
+        (via_traffic, "called flashedu.hardware.attention_flops"),
+    ):
+        report, text = run_grader(checks.exp_budget, shortcut, seed=0)
+        assert not report.passed and report.diagnosis.startswith(called), text
 
 
 def test_budget_rejects_what_is_not_a_pair_of_numbers():
@@ -123,10 +145,11 @@ QUANT_BUGS = {
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_quantizer_solutions_pass(seed):
-    for solution in (fp8.quantize, _quantize):
-        report, text = run_grader(checks.fp8_block_quantize, solution, seed)
-        assert report.passed, text
+def test_quantizer_solution_passes_and_flashedus_is_refused(seed):
+    report, text = run_grader(checks.fp8_block_quantize, _quantize, seed)
+    assert report.passed, text
+    report, text = run_grader(checks.fp8_block_quantize, fp8.quantize, seed)
+    assert report.diagnosis.startswith("called flashedu.fp8.quantize"), text
 
 
 @pytest.mark.parametrize("bug", QUANT_BUGS)
@@ -135,11 +158,12 @@ def test_quantizer_bugs_are_named(bug):
         checks.fp8_block_quantize, lambda x, block: _quantize(x, block, **QUANT_BUGS[bug]), seed=5
     )
     assert not report.passed
-    assert bug in text, text
+    assert bug in report.diagnosis, text
+    assert text.count("what is wrong") == 1
 
 
 def test_quantizer_line_shows_what_one_global_scale_would_cost():
-    report, text = run_grader(checks.fp8_block_quantize, fp8.quantize, seed=6)
+    report, text = run_grader(checks.fp8_block_quantize, _quantize, seed=6)
     line = next(t for t in text.splitlines() if "4 blocks of" in t)
     per_block, one = (float(w.rstrip(",")) for w in (line.split()[-4], line.split()[-1]))
     assert per_block < 0.05 < 0.5 < one
@@ -184,10 +208,15 @@ ROT_BUGS = {
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_rotation_solutions_pass(seed):
-    for solution in (fp8.rotate, _rotate):
-        report, text = run_grader(checks.hadamard_rotation, solution, seed)
-        assert report.passed, text
+def test_rotation_solution_passes_and_flashedus_is_refused(seed):
+    report, text = run_grader(checks.hadamard_rotation, _rotate, seed)
+    assert report.passed, text
+    for shortcut, called in (
+        (fp8.rotate, "called flashedu.fp8.rotate"),
+        (lambda q, k, s: (q @ fp8.hadamard(q.shape[1]), k), "called flashedu.fp8.hadamard"),
+    ):
+        report, text = run_grader(checks.hadamard_rotation, shortcut, seed)
+        assert report.diagnosis.startswith(called), text
 
 
 @pytest.mark.parametrize("bug", ROT_BUGS)
@@ -196,7 +225,8 @@ def test_rotation_bugs_are_named(bug):
         checks.hadamard_rotation, lambda q, k, s: _rotate(q, k, s, **ROT_BUGS[bug]), seed=7
     )
     assert not report.passed
-    assert bug in text, text
+    assert bug in report.diagnosis, text
+    assert text.count("what is wrong") == 1
 
 
 def test_rotation_without_seed_dependence_is_named():
@@ -225,18 +255,42 @@ GRADERS = [
 ]
 
 
-def test_stubs_report_not_attempted_and_name_the_solution():
+def test_stubs_report_not_attempted_and_the_formula_comes_on_request():
     def stub(*args, **kwargs):
         raise NotImplementedError("Exercise 11.1: fill me in")
 
     for grader, name in GRADERS:
         report, text = run_grader(grader, stub, seed=None)
         assert not report.attempted and not report.passed
-        assert text == f"{grader.__name__}: not attempted yet (reference: {name})"
+        assert text == f"{grader.__name__}: not attempted yet"
+        assert grader.solution_name == name
+        lines = []
+        checks.hint(grader, out=lines.append)
+        assert lines and max(len(line) for line in lines) <= 100
+
+
+def test_the_budget_formula_names_the_exact_causal_count():
+    lines = []
+    checks.hint(checks.exp_budget, out=lines.append)
+    assert any("N (N + 1) / 2" in line for line in lines), lines
+
+
+def test_a_wrong_budget_report_leads_with_one_case_and_how_to_rerun_it():
+    def in_ms(B, H, N, d, **kw):
+        return _budget(B, H, N, d, **kw, scale=1e3)
+
+    report, text = run_grader(checks.exp_budget, in_ms, seed=3)
+    lines = text.splitlines()
+    assert lines[0].startswith("exp_budget: wrong (0 of 6 cases pass)"), text
+    assert lines[1].startswith("  case 1: B=2 H=16 N=8192 d=128"), text
+    assert report.diagnosis == "that is milliseconds: return seconds"
+    assert "inputs: B=2, H=16, N=8192, d=128, causal=False" in text, text
+    assert "checks.exp_budget(your_function, seed=3)" in text, text
+    assert "checks.hint(checks.exp_budget)" in text, text
 
 
 def test_graders_draw_fresh_inputs_unless_seeded():
-    solutions = [hopper.softmax_budget, fp8.quantize, fp8.rotate]
+    solutions = [_budget, _quantize, _rotate]
     for (grader, _), solution in zip(GRADERS, solutions):
         fresh = {run_grader(grader, solution, seed=None)[1] for _ in range(3)}
         assert len(fresh) > 1, grader.__name__
@@ -244,6 +298,6 @@ def test_graders_draw_fresh_inputs_unless_seeded():
 
 
 def test_printed_lines_fit_100_columns_when_right():
-    for (grader, _), solution in zip(GRADERS, [hopper.softmax_budget, fp8.quantize, fp8.rotate]):
+    for (grader, _), solution in zip(GRADERS, [_budget, _quantize, _rotate]):
         _, text = run_grader(grader, solution, seed=0)
         assert max(len(line) for line in text.splitlines()) <= 100, text

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashedu import fp8, hopper, hopper_results, reference
+from flashedu import fp8, hopper, hopper_results, reference, traffic
 
 matplotlib.use("Agg")
 
@@ -33,10 +33,18 @@ def test_fa3_figure_exps_cost_about_half_the_matmul_at_d128():
     assert 0.98 < te64 / tm64 < 1.0
 
 
-def test_causal_halves_both_counts_and_keeps_the_ratio():
-    full = hopper.softmax_budget(3, 5, 777, 96)
-    half = hopper.softmax_budget(3, 5, 777, 96, causal=True)
-    assert half[0] == pytest.approx(full[0] / 2) and half[1] == pytest.approx(full[1] / 2)
+def test_causal_keeps_exactly_the_visible_scores_and_the_ratio():
+    N = 777
+    full = hopper.softmax_budget(3, 5, N, 96)
+    causal = hopper.softmax_budget(3, 5, N, 96, causal=True)
+    visible = N * (N + 1) / 2 / N**2  # the diagonal stays: more than half the square
+    assert causal[0] == pytest.approx(full[0] * visible, rel=1e-12)
+    assert causal[1] == pytest.approx(full[1] * visible, rel=1e-12)
+    assert causal[1] / causal[0] == pytest.approx(full[1] / full[0], rel=1e-12)
+
+
+def test_the_exp_rate_comes_from_the_preset():
+    assert hopper.SFU_TFLOPS == traffic.GPUS["H100-SXM"].sfu_flops / 1e12
 
 
 @pytest.mark.parametrize(

@@ -144,64 +144,19 @@ def test_the_walk_finds_a_cycle_and_a_private_name_when_there_is_one(tmp_path, m
     }
 
 
-# Known and owed: the grader machinery ties its package to its helpers through lazy imports
-# (_method and _progress read GRADERS from flashedu.checks; _watch and _method import each other),
-# and chapters 03-05 and 09 share grader internals by private name. Each entry must be fixed, then
-# removed here: an entry that no longer occurs fails the test too, so the list can only shrink.
-KNOWN_CYCLES = [
-    [
-        "flashedu.checks",
-        "flashedu.checks._core",
-        "flashedu.checks._method",
-        "flashedu.checks._progress",
-        "flashedu.checks._watch",
-    ]
-]
-KNOWN_PRIVATE = {
-    "flashedu.checks.ch03": {"flashedu.checks.ch01._exact"},
-    "flashedu.checks.ch04": {"flashedu.checks.ch03._TILED", "flashedu.checks.ch03._one_head"},
-    "flashedu.checks.ch05": {
-        "flashedu.checks._core._compare",
-        "flashedu.checks.ch03._TILED",
-        "flashedu.checks.ch03._tiled",
-        "flashedu.checks.ch04._backward",
-    },
-    "flashedu.checks.ch09": {"flashedu.checks._core._compare"},
-}
-
-
 def test_no_import_cycles():
     found = cycles(graph())
-    new = [c for c in found if c not in KNOWN_CYCLES]
-    assert not new, "import cycles: " + "; ".join(" <-> ".join(c) for c in new)
-    fixed = [c for c in KNOWN_CYCLES if c not in found]
-    assert not fixed, f"no longer a cycle, remove it from KNOWN_CYCLES: {fixed}"
-
-
-# The GPU diagnostics time and check each launch config of each kernel, so they read the kernel
-# modules' autotune tables, autotuned kernels and single-kernel backward launch by attribute. No
-# other module may, and no module, these included, may import a private name.
-DIAGNOSTICS = {
-    ("flashedu.bench.gpu", "flashedu.triton_backward"),
-    ("flashedu.bench.gpu_check", "flashedu.triton_attention"),
-    ("flashedu.bench.gpu_check", "flashedu.triton_backward"),
-}
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_private_name_is_imported_from_another_module(module):
-    taken = {
-        f"{dep}.{name}": f"{MODULES[module].relative_to(PACKAGE.parent)}:{line}"
-        for dep, name, line, how in imports(module)
-        if name is not None
-        and dep != module
-        and not (how == "attribute" and (module, dep) in DIAGNOSTICS)
-    }
-    known = KNOWN_PRIVATE.get(module, set())
-    new = [f"{where} takes {name}" for name, where in taken.items() if name not in known]
-    assert not new, "make the name public or move it below both: " + "; ".join(new)
-    fixed = known - set(taken)
-    assert not fixed, f"no longer taken, remove from KNOWN_PRIVATE[{module!r}]: {sorted(fixed)}"
+    taken = [
+        f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} takes {dep}.{name}"
+        for dep, name, line, _ in imports(module)
+        if name is not None and dep != module
+    ]
+    assert not taken, "make the name public or move it below both: " + "; ".join(taken)
 
 
 def test_the_library_never_imports_the_test_helpers():

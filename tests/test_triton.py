@@ -196,7 +196,8 @@ def test_explicit_block_sizes_agree_with_the_default(make_qkv):
     q, k, v = make_qkv(1, 1, 45, 70, 32, "float32", kind="torch")
     o, lse = ta.forward(q, k, v, causal=True)
     o32, lse32 = ta.forward(q, k, v, causal=True, block_m=32, block_n=64)
-    assert_close(o32, o, dtype="float32") and assert_close(lse32, lse, dtype="float32")
+    assert_close(o32, o, dtype="float32", name="o")
+    assert_close(lse32, lse, dtype="float32", name="lse")
 
 
 def test_attention_autograd_gradients_match_reference(make_qkv, rng):
@@ -237,8 +238,19 @@ def _qkv(d=16, dtype=torch.float32, N_q=8, N_k=8, H=2, H_kv=2, device=DEVICE):
             TypeError,
             "dtype must be float16, bfloat16 or float32, got torch.float64",
         ),
-        (lambda: _qkv(d=48), {}, ValueError, r"head dimension d=48 .* \(16, 32, 64, 128, 256\)"),
-        (lambda: _qkv(d=8), {}, ValueError, "head dimension d=8"),
+        (lambda: _qkv(d=257), {}, ValueError, r"head dimension d=257 .* expected 1 to 256"),
+        (
+            lambda: (*_qkv()[:2], torch.randn(1, 2, 8, 300, device=DEVICE)),
+            {},
+            ValueError,
+            "head dimension d_v=300",
+        ),
+        (
+            lambda: (*_qkv()[:2], torch.randn(1, 2, 9, 16, device=DEVICE)),
+            {},
+            ValueError,
+            r"k and v must have the same shape up to the head dim",
+        ),
         (
             lambda: _qkv(H=3, H_kv=2),
             {},
@@ -336,7 +348,8 @@ def test_gpu_kernels_match_reference_at_1k(dtype, causal, rng):
     )
     o, lse = ta.forward(q, k, v, causal=causal)
     o_ref, lse_ref = reference.forward(q, k, v, causal=causal)
-    assert_close(o, o_ref, dtype=dtype) and assert_close(lse, lse_ref, dtype="float32")
+    assert_close(o, o_ref, dtype=dtype, name="o")
+    assert_close(lse, lse_ref, dtype="float32", name="lse")
     do = torch.randn_like(o)
     for g, g_ref in zip(
         ta.backward(do, q, k, v, o, lse, causal=causal),

@@ -174,3 +174,11 @@ def test_dtype_mismatch_and_causal_type_are_named(rng):
 def test_check_varlen_returns_the_boundaries(rng):
     kwargs = _valid(rng)
     assert check_varlen(*kwargs.values()) == ([0, 2, 7], [0, 4, 5])
+
+
+def test_attention_varlen_is_exported_from_the_package():
+    import flashedu
+    from flashedu import varlen
+
+    assert flashedu.attention_varlen is varlen.attention_varlen
+    assert "attention_varlen" in flashedu.__all__

@@ -349,23 +349,8 @@ def run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
 
     if kernel == "fwd":
         return ta.forward(q, k, v, causal=causal, **_kw(cfg))
-    dims, scale, bounds, slopes, sb = ta.check_inputs(q, k, v, causal, None, None, None, "explore")
-    return tb._launch(
-        do,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        dims,
-        scale,
-        bounds,
-        slopes,
-        sb,
-        _cfg(cfg),
-        _cfg(cfg),
-        kernels=(kernel,),
-    )
+    pl = ta.plan(q, k, v, causal, None, None, None, None, "explore")
+    return tb.run_backward(do, q, k, v, o, lse, pl, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
 
 
 def explore(Ns=(2048, 8192), log=print):

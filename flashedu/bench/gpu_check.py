@@ -8,7 +8,10 @@
    `sdpa_same_inputs` for which backend). A case passes when every element is within
    flashedu.testing's tolerance for its dtype, lse is within 1e-3 of float64, no NaN appears, and
    for fp16/bf16 the max error is at most twice SDPA's own plus 1e-6 (flash-attn's rule; fp32 rows
-   record SDPA's error but are held to the tolerance table only).
+   record SDPA's error but are held to the tolerance table only). The matrix ends with the feature
+   rows of `flashedu.bench.gpu_features`: head dims 40, 59, 80, 96, 111, 192, Ev != E, a score mod
+   and packed sequences, against float64 and a same-precision PyTorch computation;
+   `--features` runs those alone (no configs, timing or memory) in a few minutes.
 2. The timing sweep of `flashedu.bench.gpu.run` (Triton against SDPA's FLASH, cuDNN and EFFICIENT
    backends).
 3. Peak memory (torch.cuda.max_memory_allocated) against context length, 8k to 128k tokens,
@@ -37,9 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks, reference
-from ..testing import max_error, random_qkv, tolerance
-from . import gpu
+from ..testing import random_qkv, tolerance
+from . import gpu, gpu_features
 from .gpu import EXPLORE, explore, run_fixed
+from .oracles import err as _err
+from .oracles import float64_attention, within
 
 DEVICE = (
     "cuda" if torch.cuda.is_available() else "cpu"
@@ -81,25 +86,7 @@ def matrix(quick: bool = False) -> list[dict]:
                     **extra,
                 }
             )
-    return cases
-
-
-def float64_attention(q, k, v, do, *, causal, window, slopes, scale):
-    """o, lse, dq, dk, dv in float64 on q's device (autograd through the plain formulas; masks from
-    flashedu.masks)."""
-    N_q, N_k, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    s = q64 @ k64.repeat_interleave(G, 1).transpose(-1, -2) * scale  # (B, H, N_q, N_k)
-    if slopes is not None:
-        s = s + torch.from_numpy(masks.alibi_bias(slopes, N_q, N_k)).to(q.device)
-    keep = torch.from_numpy(masks.visible(N_q, N_k, causal=causal, window_size=window)).to(q.device)
-    empty = ~keep.any(-1, keepdim=True)  # (N_q, 1) rows that see nothing
-    s = s.masked_fill(~keep, float("-inf")).masked_fill(empty, 0.0)
-    p = torch.softmax(s, -1).masked_fill(empty, 0.0)
-    o = p @ v64.repeat_interleave(G, 1)
-    o.backward(do.double())
-    lse = torch.logsumexp(s, -1).masked_fill(empty[:, 0], float("-inf"))
-    return o.detach(), lse.detach(), q64.grad, k64.grad, v64.grad
+    return cases + gpu_features.feature_cases(quick)
 
 
 def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
@@ -139,21 +126,6 @@ def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
             )
     o.backward(do)
     return (backend, *(torch.nan_to_num(x.detach(), nan=0.0) for x in (o, q.grad, k.grad, v.grad)))
-
-
-def within(x, ref, dtype, grad: bool) -> bool:
-    """|x - ref| <= atol + rtol |ref| elementwise with flashedu.testing's tolerance for dtype;
-    infinities must match."""
-    tol = tolerance(dtype, grad=grad)
-    x, ref = x.double(), ref.double()
-    same_inf = torch.isinf(x) & torch.isinf(ref) & (x == ref)
-    diff = torch.where(same_inf, 0.0, (x - ref).abs())
-    return bool((diff <= tol.atol + tol.rtol * torch.where(same_inf, 0.0, ref.abs())).all())
-
-
-def _err(x, ref) -> float:
-    """Max |x - ref|; matching infinities (lse of empty rows) count as 0, any NaN as inf."""
-    return max_error(x, ref)[0]
 
 
 def check_case(case: dict) -> list[dict]:
@@ -243,8 +215,8 @@ def check_case(case: dict) -> list[dict]:
 def _check_many(cases: list[dict]) -> list[dict]:
     rows = []
     for case in cases:
-        try:
-            rows += check_case(case)
+        try:  # the feature rows (any head dim, Ev != E, score mods, packed) carry a "kind"
+            rows += gpu_features.check(case) if "kind" in case else check_case(case)
         except Exception as e:  # reported as a failing row, never hidden
             rows.append(
                 {
@@ -267,7 +239,7 @@ def config_jobs(explore_too: bool) -> list[tuple]:
     from .. import triton_attention as ta
     from .. import triton_backward as tb
 
-    tables = {"fwd": ta._fwd_table, "dkdv": tb._dkdv_table, "dq": tb._dq_table}
+    tables = {"fwd": ta.fwd_table, "dkdv": tb.dkdv_table, "dq": tb.dq_table}
     jobs = {
         (dt, d, c, kern, tuple(cfg))
         for dt in ("bfloat16", "float16")
@@ -344,11 +316,7 @@ def autotune_choices() -> list[dict]:
     from .. import triton_backward as tb
 
     rows = []
-    for name, kern in (
-        ("fwd", ta._attn_fwd_tuned),
-        ("dkdv", tb._attn_bwd_dkdv_tuned),
-        ("dq", tb._attn_bwd_dq_tuned),
-    ):
+    for name, kern in (*ta.AUTOTUNED.items(), *tb.AUTOTUNED.items()):
         for key, cfg in getattr(kern, "cache", {}).items():
             rows.append(
                 {
@@ -389,6 +357,30 @@ def check_everything(
     return configs, correctness
 
 
+def features_only(out: str, workers: int, quick: bool, argv, log=print) -> int:
+    """`--features`: the rows of `gpu_features` alone, in `workers` processes, written to `out`."""
+    t0 = time.time()
+    log(f"float64 oracle on the GPU vs flashedu.reference: max diff {self_check():.1e}")
+    cases = gpu_features.feature_cases(quick)
+    log(f"feature rows: {len(cases)} cases in {workers} processes")
+    chunks = [cases[i :: workers * 2] for i in range(workers * 2)]
+    rows = [r for part in pool_map(_check_many, chunks, workers, log) for r in part]
+    ok = all(r["ok"] for r in rows)
+    for r in rows:
+        if not r["ok"]:
+            log("  FAIL", json.dumps(r))
+    meta = {
+        **gpu.versions(),
+        "command": "python -m flashedu.bench.gpu_check " + " ".join(argv or sys.argv[1:]),
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"meta": meta, "correctness": rows}, indent=1) + "\n")
+    log(
+        f"[{time.time() - t0:.0f}s] {sum(r['ok'] for r in rows)}/{len(rows)} rows pass; wrote {out}"
+    )
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m flashedu.bench.gpu_check", description=__doc__.splitlines()[0]
@@ -399,11 +391,18 @@ def main(argv=None) -> int:
         "--explore", action="store_true", help="also time fixed launch configs one by one"
     )
     p.add_argument("--no-bench", action="store_true", help="correctness (and memory) only")
+    p.add_argument(
+        "--features",
+        action="store_true",
+        help="only the feature rows (head dims, Ev != E, score mod, packed sequences); no timing",
+    )
     p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error(f"--workers must be >= 1, got {a.workers}")
     log = lambda *s, **kw: print(*s, **{"flush": True, **kw})  # noqa: E731
+    if a.features:
+        return features_only(a.out, a.workers, a.quick, argv, log)
     configs, correctness = check_everything(a.workers, a.quick, a.explore, log)
     ok = all(r["ok"] for r in configs + correctness)
     result = {

@@ -12,9 +12,11 @@ notebooks run top to bottom while the exercises stay open. Help comes in steps:
 whole notebooks.
 
 Graders live in one module per chapter (`ch00.py`, `ch01.py`, ...), each listing its graders in
-`__all__`; all are re-exported here and collected in GRADERS (name -> grader). Two chapters may not
-export the same name: the import fails, naming both, rather than let one grader silently replace the
-other.
+`__all__`; all are re-exported here and collected in GRADERS (name -> grader; the dict lives in
+`_shared.py`, below the machinery that reads it). Two chapters may not export the same name: the
+import fails, naming both, rather than let one grader silently replace the other. Nothing in the
+package imports this module but `python -m flashedu.checks`: it sits on top, and importing any
+submodule runs it first.
 Introduced in notebooks/01_naive_attention.ipynb; the machinery is in `_core.py`.
 """
 
@@ -23,9 +25,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ._core import Case, Report, grade, grader, hint, solution, solution_function
-from ._method import Shortcut
+from ._core import Case, Report, grade, grader, hint, solution
 from ._progress import progress
+from ._shared import CHAPTER_OF, GRADERS, Shortcut, solution_function
 
 __all__ = [
     "Case",
@@ -41,8 +43,6 @@ __all__ = [
     "CHAPTER_OF",
 ]
 
-GRADERS: dict[str, object] = {}
-CHAPTER_OF: dict[str, str] = {}  # grader name -> its module, e.g. "flashedu.checks.ch01"
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _m.name.startswith("ch"):
         _mod = importlib.import_module(f".{_m.name}", __name__)

@@ -16,16 +16,15 @@ failure and ONE diagnosis:
        2  N_q=13, N_k=27, blocks 3x5       WRONG  o: max|diff|=3.1e-01
       ...
 
-The diagnosis comes, in this order, from a shortcut (`Shortcut` from `_method`: a call into
-flashedu, an N_q x N_k array, a second pass), from mistake matching (the answer equals the output
-of a known buggy variant listed in `Case.mistakes`; the name most consistent with every case
-wins), from the case's own check, or else from the failing case's `hint` (what is wrong, never the
-formula). The
-formula comes only with `hint(grader)`, the package's answer only with `solution(grader)`. A stub
-that raises NotImplementedError on the first case prints "<name>: not attempted yet" and nothing
-else, so the committed notebooks run under nbval with their exercises open. Every graded run is
-recorded for `progress()` (see `_progress.py`); the report's layout and the mistake matching are
-in `_report.py`.
+The diagnosis comes, in this order, from a shortcut (`Shortcut`, raised by `_method`'s guards: a
+call into flashedu, an N_q x N_k array, a second pass), from mistake matching (the answer equals
+the output of a known buggy variant listed in `Case.mistakes`; the name most consistent with every
+case wins), from the case's own check, or else from the failing case's `hint` (what is wrong, never
+the formula). The formula comes only with `hint(grader)`, the package's answer only with
+`solution(grader)`. A stub that raises NotImplementedError on the first case prints "<name>: not
+attempted yet" and nothing else, so the committed notebooks run under nbval with their exercises
+open. Every graded run is recorded for `progress()` (see `_progress.py`); the report's layout and
+the mistake matching are in `_report.py`.
 
 Used from every notebook's exercises (first in notebooks/01_naive_attention.ipynb); tested in
 tests/test_checks_core.py.
@@ -38,7 +37,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import importlib
 import math
 import secrets
 import textwrap
@@ -48,8 +46,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..testing import Tolerance, max_error, to_numpy
-from ._method import Shortcut, forbid_flashedu
+from . import _progress
+from ._method import forbid_flashedu
 from ._report import WIDTH, candidates, choose, lead_block, same, table  # noqa: F401
+from ._shared import Shortcut, solution_function  # noqa: F401  (solution_function: re-exported)
 
 
 @dataclass
@@ -143,9 +143,10 @@ def _compare_array(got, expected, tol: Tolerance) -> tuple[bool, str]:
     return ok, f"max|diff|={abs_err:.1e}"
 
 
-def _compare(got, expected, tol: Tolerance, names: tuple[str, ...] = ()) -> tuple[bool, str]:
-    """Compare an answer with the expected one; a tuple is compared part by part, each part
-    named."""
+def compare(got, expected, tol: Tolerance, names: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(ok, detail): an answer against the expected one within `tol`; a tuple is compared part by
+    part, each part named. What `grade` does when a case has no `check`; a grader's own check
+    calls it on the parts it compares."""
     if not isinstance(expected, tuple):
         return _compare_array(got, expected, tol)
     if not isinstance(got, (tuple, list)) or len(got) != len(expected):
@@ -196,8 +197,8 @@ def _run(fn, case: Case, forbid: bool, allow) -> _Outcome:
     except Exception as e:  # the learner's bug, reported, not raised
         return _Outcome(False, _raised(e))
     try:
-        compare = case.check or (lambda g, x: _compare(g, x, case.tol, case.names))
-        result = compare(got, case.expected)
+        check = case.check or (lambda g, x: compare(g, x, case.tol, case.names))
+        result = check(got, case.expected)
     except Exception as e:  # an answer of a kind the check cannot even compare
         return _Outcome(False, f"an answer of type {type(got).__name__} ({_raised(e)})", got)
     ok, detail = result[0], result[1]
@@ -290,8 +291,6 @@ def grader(solution_name: str, *more_solutions: str, formula: str = ""):
                 report = g(fn, *args, seed=seed, out=out, **kwargs)
             finally:
                 _RUN.reset(token)
-            from . import _progress
-
             _progress.record(run.__name__, g.__module__, report)
             return report
 
@@ -301,15 +300,6 @@ def grader(solution_name: str, *more_solutions: str, formula: str = ""):
         return run
 
     return wrap
-
-
-def solution_function(g) -> Callable:
-    """The package function that solves the exercise graded by `g` (a grader or a dotted name)."""
-    dotted = g if isinstance(g, str) else getattr(g, "solution_name", None)
-    if dotted is None:
-        raise TypeError(f"solution: expected a grader from flashedu.checks, got {g!r}")
-    module, _, attr = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
 
 
 def solution(g) -> None:
@@ -352,6 +342,16 @@ def number_or_none(got) -> float | None:
     except (TypeError, ValueError):
         return None
     return g if math.isfinite(g) else None
+
+
+def exact_bytes(got, expected) -> tuple[bool, str]:
+    """(ok, detail) for a byte count that must be exact: got and expected as ints, detail in
+    bytes. A `Case.check` for the HBM byte exercises."""
+    try:
+        ok = int(got) == int(expected)
+    except (TypeError, ValueError):
+        return False, f"expected an int, got {got!r}"
+    return ok, f"{int(got):,} bytes" + ("" if ok else f", expected {int(expected):,}")
 
 
 class _Detail(str):

@@ -17,7 +17,8 @@ Where the method is the lesson, right numbers are not enough. Three guards:
   walked once. A block expires when the next one is handed out (its values become NaN), and
   using an expired block, or walking the blocks again, raises `Shortcut("read the row twice")`.
 
-The watcher and the stream are written in _watch.py and re-exported here. Used by the graders of
+The watcher and the stream are written in _watch.py, `Shortcut` in _shared.py; all are re-exported
+here. Used by the graders of
 chapters 02, 03, 04, 05 and 09 (and the Triton chapters); tested in tests/test_checks_method.py.
 """
 
@@ -28,6 +29,9 @@ import types
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable
 
+from ._shared import GRADERS, Shortcut, solution_function
+from ._watch import ArrayWatch, OnePass, WatchedArray, largest_array, watch_arrays
+
 __all__ = [
     "Shortcut",
     "forbid_flashedu",
@@ -37,10 +41,6 @@ __all__ = [
     "largest_array",
     "OnePass",
 ]
-
-
-class Shortcut(Exception):
-    """The answer was computed in a way the exercise rules out; the message names what was done."""
 
 
 # ---------------------------------------------------------------------------- forbid_flashedu
@@ -179,19 +179,11 @@ def _patch_module(mod) -> None:
 
 
 def _solutions() -> list:
-    from . import GRADERS, solution_function
-
     found = []
     for g in GRADERS.values():
         for dotted in getattr(g, "solution_names", (g.solution_name,)):
             found.append(solution_function(dotted))
     return found
-
-
-def _resolve(dotted: str):
-    from ._core import solution_function
-
-    return solution_function(dotted)
 
 
 def _forbidden_modules() -> list:
@@ -207,8 +199,9 @@ def _forbidden_modules() -> list:
 
 
 def _install(allow: Iterable[str]) -> None:
-    allowed = [_resolve(dotted) for dotted in allow]  # resolve and import everything first,
-    modules, solutions = _forbidden_modules(), _solutions()  # then patch
+    # resolve and import everything first, then patch
+    allowed = [solution_function(dotted) for dotted in allow]
+    modules, solutions = _forbidden_modules(), _solutions()
     for dotted, f in zip(allow, allowed):
         _patch_function(getattr(f, "__func__", f), "+" + dotted)
     for mod in modules:
@@ -251,7 +244,3 @@ def forbid_flashedu(allow: Iterable[str] = ()):
             _uninstall()
     if _GUARD.hits:
         raise Shortcut(f"called {_GUARD.hits[0]}")
-
-
-# The array watcher and the one-pass stream live in _watch.py; they are part of this API.
-from ._watch import ArrayWatch, OnePass, WatchedArray, largest_array, watch_arrays  # noqa: E402

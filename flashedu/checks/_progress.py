@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ._shared import CHAPTER_OF, GRADERS
+
 ENV = "FLASHEDU_PROGRESS"
 
 
@@ -65,8 +67,6 @@ def record(name: str, chapter: str, report) -> None:
 
 def progress(out: Callable = print, p: Path | None = None) -> dict[str, str]:
     """Print every exercise's latest outcome, chapter by chapter; return {grader: status}."""
-    from . import CHAPTER_OF, GRADERS
-
     data = load(p)
     status = {n: data.get(n, {}).get("status", "not attempted") for n in GRADERS}
     counts = {s: list(status.values()).count(s) for s in ("passed", "wrong", "not attempted")}

@@ -18,12 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-
-def _shortcut(message: str) -> Exception:
-    from ._method import Shortcut  # imported late: _method re-exports this module
-
-    return Shortcut(message)
-
+from ._shared import Shortcut
 
 # ---------------------------------------------------------------------------- array watcher
 
@@ -193,7 +188,7 @@ def watch_arrays(limit_elems: int | None = None, what: str = "an N_q x N_k array
         if not tracing:
             tracemalloc.stop()
     if w.over:
-        raise _shortcut(w.message)
+        raise Shortcut(w.message)
 
 
 def find_large_local(fn, args, kwargs, limit_elems: int) -> tuple | None:
@@ -240,7 +235,7 @@ def largest_array(fn, *args, limit_elems: int | None = None, what="an N_q x N_k 
             shape = find_large_local(fn, args, kwargs, limit_elems)
             if shape is not None:
                 w.largest_shape, w.largest_elems = shape, math.prod(shape)
-                raise _shortcut(w.message) from None
+                raise Shortcut(w.message) from None
         raise
     return result, w
 
@@ -292,7 +287,7 @@ class OnePass:
 
     def _fail(self, what: str):
         self.violations.append(what)
-        raise _shortcut(f"read the row twice ({what})")
+        raise Shortcut(f"read the row twice ({what})")
 
     def close(self) -> None:
         """Expire every block (call when the learner's function has returned)."""

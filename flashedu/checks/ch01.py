@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import reference, traffic
 from ..testing import Tolerance, random_qkv
-from ._core import Case, grade, grader, rng_for
+from ._core import Case, exact_bytes, grade, grader, rng_for
 
 __all__ = ["naive_attention", "naive_hbm_bytes"]
 
@@ -77,14 +77,6 @@ def naive_attention(fn, *, seed=None, out=print):
     return grade("naive_attention", fn, cases, out=out, forbid=True)
 
 
-def _exact(got, expected):
-    try:
-        ok = int(got) == int(expected)
-    except (TypeError, ValueError):
-        return False, f"expected an int, got {got!r}"
-    return ok, f"{int(got):,} bytes" + ("" if ok else f", expected {int(expected):,}")
-
-
 def _bytes(B, H, N, d, e, *, sp=4, per_head=True, itemsize=True, lse=False):
     bh = B * H if per_head else 1
     return bh * ((4 * N * d + sp * N * N) * (e if itemsize else 1) + (4 * N if lse else 0))
@@ -128,7 +120,7 @@ def naive_hbm_bytes(fn, *, seed=None, out=print):
             args,
             expected(*args),
             hint=hint or "count every tensor that crosses HBM, as often as it crosses",
-            check=_exact,
+            check=exact_bytes,
             mistakes={why: _bytes(*args, **kw) for why, kw in _BYTE_MISTAKES.items()},
         )
         for label, args, hint in specs

@@ -11,53 +11,15 @@ without the max or with m + l. Exercise 3.2 asks for the HBM bytes of that loop.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import reference, traffic
-from ..testing import Tolerance, random_qkv
-from ._core import Case, grade, grader, rng_for
+from ..testing import Tolerance
+from ._core import Case, exact_bytes, grade, grader, rng_for
 from ._method import Shortcut, largest_array
-from .ch01 import _exact  # an exact integer answer, printed in bytes
+from ._tiled_twins import TILED_RULE, one_head, twin_forward
 
 __all__ = ["tiled_attention", "fa2_hbm_bytes"]
 
 _F64 = Tolerance(1e-10, 1e-10)
-_TILED = "a tiled loop holds one block of scores at a time, never all N_q x N_k of them"
-
-
-def _one_head(rng, N_q, N_k, d, scale=1.0):
-    q, k, v = random_qkv(1, 1, N_q, N_k, d, "float64", seed=rng, scale=scale)
-    return q[0, 0], k[0, 0], v[0, 0]
-
-
-def _tiled(q, k, v, *, causal, block_m, block_n, rescale="both", ceil=True, offset=True,
-           guard=True, lse="m + log l"):  # fmt: skip
-    """A one-head FA2-order loop with switches that plant the classic mistakes."""
-    N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
-    o, out_lse = np.zeros((N_q, d)), np.full(N_q, -np.inf)
-    shift = N_k - N_q if offset else 0
-    rows_end, cols_end = (N_q, N_k) if ceil else (N_q, N_k - N_k % block_n)
-    with np.errstate(all="ignore"):
-        for r0 in range(0, rows_end, block_m):
-            rows = np.arange(r0, min(r0 + block_m, N_q))
-            m, l, acc = np.full(rows.size, -np.inf), np.zeros(rows.size), np.zeros((rows.size, d))
-            for c0 in range(0, cols_end, block_n):
-                cols = np.arange(c0, min(c0 + block_n, N_k))
-                s = q[rows] @ k[cols].T / np.sqrt(d)
-                if causal:
-                    s = np.where(cols[None, :] <= rows[:, None] + shift, s, -np.inf)
-                m_new = np.maximum(m, s.max(axis=1))
-                m_ref = np.where(np.isneginf(m_new), 0.0, m_new) if guard else m_new
-                p = np.exp(s - m_ref[:, None])
-                alpha = np.exp(m - m_ref)
-                l = (alpha if rescale in ("both", "l") else 1.0) * l + p.sum(axis=1)
-                acc = (alpha[:, None] if rescale in ("both", "o") else 1.0) * acc + p @ v[cols]
-                m = m_new
-            o[rows] = acc / (np.where(l > 0, l, 1.0)[:, None] if guard else l[:, None])
-            m0 = np.where(np.isneginf(m), 0.0, m)
-            log_l = {"m + log l": m0 + np.log(l), "log l": np.log(l), "m + l": m0 + l}[lse]
-            out_lse[rows] = np.where(l > 0, log_l, -np.inf) if guard else log_l
-    return o, out_lse
 
 
 _MISTAKES = {
@@ -78,7 +40,7 @@ def _memory_call(q, k, v, kwargs):
         try:
             return largest_array(fn, q, k, v, limit_elems=q.shape[0] * k.shape[0] // 2, **kwargs)[0]
         except Shortcut as e:
-            raise Shortcut(f"{e}: {_TILED}") from None
+            raise Shortcut(f"{e}: {TILED_RULE}") from None
 
     return call
 
@@ -113,7 +75,7 @@ def tiled_attention(fn, *, seed=None, out=print):
     ]
     cases = []
     for label, (N_q, N_k, d, scale), causal, (block_m, block_n), _ in specs:
-        q, k, v = _one_head(rng, N_q, N_k, d, scale)
+        q, k, v = one_head(rng, N_q, N_k, d, scale)
         o, lse = reference.forward(q[None, None], k[None, None], v[None, None], causal=causal)
         kw = {"causal": causal, "block_m": block_m, "block_n": block_n}
         cases.append(
@@ -126,7 +88,7 @@ def tiled_attention(fn, *, seed=None, out=print):
                 names=("o", "lse"),
                 kwargs=kw,
                 mistakes={
-                    why: (lambda b=bug, q=q, k=k, v=v, kw=kw: _tiled(q, k, v, **kw, **b))
+                    why: (lambda b=bug, q=q, k=k, v=v, kw=kw: twin_forward(q, k, v, **kw, **b))
                     for why, bug in _MISTAKES.items()
                 },
                 call=_memory_call(q, k, v, kw) if N_q * N_k >= 256 * 256 else None,
@@ -186,7 +148,7 @@ def fa2_hbm_bytes(fn, *, seed=None, out=print):
             args,
             expected(*args),
             hint="count every tensor that crosses HBM, as often as the loop moves it",
-            check=_exact,
+            check=exact_bytes,
             mistakes={
                 why: _bytes(*args, **{k: (args[-1] if v is None else v) for k, v in kw.items()})
                 for why, kw in _BYTE_MISTAKES.items()

@@ -17,7 +17,7 @@ from .. import reference
 from ..testing import Tolerance
 from ._core import Case, grade, grader, rng_for
 from ._method import Shortcut, largest_array
-from .ch03 import _TILED, _one_head
+from ._tiled_twins import TILED_RULE, one_head, twin_backward
 
 __all__ = ["softmax_backward", "tiled_attention_backward"]
 
@@ -95,37 +95,6 @@ def softmax_backward(fn, *, seed=None, out=print):
 # --------------------------------------------------------------------------------------------- 4.2
 
 
-def _backward(do, q, k, v, o, lse, *, causal, block_m, block_n, by_lse=True, scale=True,
-              offset=True, guard=True, delta="rowsum(dO*O)", swap=False):  # fmt: skip
-    """A one-head FA2 backward with switches that plant the classic mistakes."""
-    N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
-    tau = 1 / np.sqrt(d)
-    D = (do * o).sum(axis=1) if delta == "rowsum(dO*O)" else np.zeros(N_q)
-    lse = np.where(np.isneginf(lse), np.inf, lse) if guard else lse
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    shift = N_k - N_q if offset else 0
-    with np.errstate(all="ignore"):
-        for c0 in range(0, N_k, block_n):
-            cols = np.arange(c0, min(c0 + block_n, N_k))
-            for r0 in range(0, N_q, block_m):
-                rows = np.arange(r0, min(r0 + block_m, N_q))
-                s = tau * q[rows] @ k[cols].T
-                if causal:
-                    s = np.where(cols[None, :] <= rows[:, None] + shift, s, -np.inf)
-                if by_lse:
-                    p = np.exp(s - lse[rows, None])
-                else:
-                    p = np.exp(s - s.max(axis=1, keepdims=True))
-                    p = p / p.sum(axis=1, keepdims=True)
-                dp = do[rows] @ v[cols].T
-                D_t = (p * dp).sum(axis=1) if delta == "per tile" else D[rows]
-                ds = p * (dp - D_t[:, None])
-                dv[cols] += p.T @ do[rows]
-                dq[rows] += (tau if scale else 1.0) * ds @ k[cols]
-                dk[cols] += (tau if scale else 1.0) * ds.T @ q[rows]
-    return (dq, dv, dk) if swap else (dq, dk, dv)
-
-
 _BACKWARD_MISTAKES = {
     "each tile of P was renormalised on its own instead of rebuilt from the saved lse": {
         "by_lse": False
@@ -155,7 +124,7 @@ def _memory_call(args, kwargs):
         try:
             return largest_array(fn, *args, limit_elems=limit, **kwargs)[0]
         except Shortcut as e:
-            raise Shortcut(f"{e}: {_TILED}") from None
+            raise Shortcut(f"{e}: {TILED_RULE}") from None
 
     return call
 
@@ -179,7 +148,7 @@ def tiled_attention_backward(fn, *, seed=None, out=print):
     ]
     cases = []
     for label, (N_q, N_k, d), causal, (block_m, block_n) in specs:
-        q, k, v = _one_head(rng, N_q, N_k, d)
+        q, k, v = one_head(rng, N_q, N_k, d)
         do = rng.standard_normal(q.shape)
         o, lse = (
             x[0, 0] for x in reference.forward(*(t[None, None] for t in (q, k, v)), causal=causal)
@@ -196,7 +165,7 @@ def tiled_attention_backward(fn, *, seed=None, out=print):
                 names=("dq", "dk", "dv"),
                 kwargs=kw,
                 mistakes={
-                    why: (lambda b=bug, a=args, kw=kw: _backward(*a, **kw, **b))
+                    why: (lambda b=bug, a=args, kw=kw: twin_backward(*a, **kw, **b))
                     for why, bug in _BACKWARD_MISTAKES.items()
                 },
                 call=_memory_call(args, kw) if N_q * N_k >= 256 * 256 else None,

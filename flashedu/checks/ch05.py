@@ -22,11 +22,10 @@ import torch
 
 from .. import api, reference, torch_tiled
 from ..testing import Tolerance, random_qkv
-from ._core import Case, Report, _compare, candidates, grade, grader, rng_for
+from ._core import Case, Report, candidates, compare, grade, grader, rng_for
 from ._method import Shortcut, watch_arrays
+from ._tiled_twins import TILED_RULE, twin_backward, twin_forward
 from ._watch import shape_text
-from .ch03 import _TILED, _tiled
-from .ch04 import _backward
 
 __all__ = ["check_autograd_function", "check_top_left_causal", "check_split_heads"]
 
@@ -69,8 +68,8 @@ def _per_head(q, k, v, do, causal, block, fwd_bugs, bwd_bugs, swap=False):
         for h in range(q.shape[1]):
             qh, kh, vh, dh = (t[b, h] for t in (q, k, v, do))
             kw = {"causal": causal, "block_m": block, "block_n": block}
-            o, lse = _tiled(qh, kh, vh, **kw, **fwd_bugs)
-            grads = _backward(dh, qh, kh, vh, o, lse, **{**kw, **bwd_bugs})
+            o, lse = twin_forward(qh, kh, vh, **kw, **fwd_bugs)
+            grads = twin_backward(dh, qh, kh, vh, o, lse, **{**kw, **bwd_bugs})
             for t, x in zip(outs, (o, *grads)):
                 t[b, h] = x
     if swap:
@@ -126,7 +125,7 @@ def _autograd_call(q, k, v, causal, do, limit):
                     raise TypeError(f"expected a tensor o, got {type(o).__name__} (return o alone)")
                 grads = torch.autograd.grad(o, (q_, k_, v_), do, allow_unused=True)
         except Shortcut as e:
-            raise e if str(e).startswith("called") else Shortcut(f"{e}: {_TILED}") from None
+            raise e if str(e).startswith("called") else Shortcut(f"{e}: {TILED_RULE}") from None
         big = [s for s in shapes if s[-2:] == (N_q, N_k)]
         if big:
             raise Shortcut(
@@ -146,7 +145,7 @@ def _check_function(got, expected):
             f"no gradient for {', '.join(missing)}",
             (f"backward returned None for {', '.join(missing)}: return dq, dk, dv (then None)"),
         )
-    return _compare(tuple(got), expected, _F64, ("o", "dq", "dk", "dv"))
+    return compare(tuple(got), expected, _F64, ("o", "dq", "dk", "dv"))
 
 
 _FUNCTION_FORMULA = """

@@ -1,25 +1,33 @@
-"""Graders for notebooks/06_triton_forward.ipynb: a first Triton kernel, and the key ranges of the
-forward.
+"""Graders for notebooks/06_triton_forward.ipynb: a first Triton kernel, the key ranges of the
+forward, and the whole FlashAttention-2 forward kernel.
 
 Exercise 6.1 asks for a Triton kernel with a 2D grid that computes the masked, scaled scores of one
 head, one program per tile; exercise 6.2 for the arithmetic that tells each program of the forward
-kernel which key blocks it skips, which it masks and which it sees whole. Each case draws fresh
-ragged sizes and targets one mistake: a grid that misses the ragged last tile, masked scores set to
-0 instead of -inf, the scale forgotten, the causal offset top-left instead of bottom-right, the
-ragged last key block left unmasked, the last query row of a short block taken past N_q. Learners'
-kernels run on the GPU when there is one, else on CPU through the Triton interpreter.
+kernel which key blocks it skips, which it masks and which it sees whole; exercise 6.3 for the
+forward kernel itself, from a skeleton, launched by `triton_exercises.launch_forward` and graded
+in stages (`_kernel_cases`) against float64 and, under the interpreter, the bytes FA2 moves.
+Mistakes are named by the float64 twins of `_tile_mistakes` and `_attn_variants` (a grid that
+misses the ragged last tile, masked scores set to 0, the scale forgotten, the causal offset
+top-left, a missing rescale, lse = m + l, a TF32 dot, ...). A Triton exercise must launch a kernel
+of the learner's; flashedu's own are refused by name. Learners' kernels run on the GPU when there
+is one, else on CPU through the Triton interpreter; on a GPU a passing 6.3 is also timed beside
+flashedu's kernel and PyTorch's SDPA (information only).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from .. import masks
 from ..testing import Tolerance, random_qkv
+from ..triton_exercises import launch_forward
 from ..triton_intro import kv_range
+from . import _attn_variants, _kernel_cases, _tile_mistakes, _triton, _triton_judge
 from ._core import Case, grade, grader, rng_for
 
-__all__ = ["triton_scores", "kv_block_range"]
+__all__ = ["triton_scores", "kv_block_range", "triton_forward"]
 
 
 def device() -> str:
@@ -41,70 +49,66 @@ def _scores64(q, k, causal):
     return np.where(masks.visible(q.shape[0], k.shape[0], causal=causal), s, -np.inf)
 
 
-@grader("flashedu.triton_intro.scores")
+SCORES_FORMULA = """
+s_ij = q_i . k_j / sqrt(d), and -inf where query i may not see key j (causal: j > i + N_k - N_q).
+One program per tile: rows = program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M), cols likewise with
+program_id(1); load both tiles with masks (rows < N_q, cols < N_k); s = tl.dot(q, tl.trans(k),
+input_precision="ieee") * scale; s = tl.where(visible, s, -inf); store with the 2D mask. Launch
+(cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N)) programs.
+"""
+
+
+@grader("flashedu.triton_intro.scores", formula=SCORES_FORMULA)
 def triton_scores(fn, *, seed=None, out=print):
     """Grade `fn(q, k, *, causal=False) -> s`: q (N_q, d) and k (N_k, d) float32 tensors of one
     head; s is (N_q, N_k) with s_ij = q_i . k_j / sqrt(d), and -inf where query i may not see key j
-    (causal: j <= i + N_k - N_q). Computed by a Triton kernel with one program per (BLOCK_M,
-    BLOCK_N) tile of s."""
+    (causal: j <= i + N_k - N_q). Computed by a Triton kernel of the learner's, one program per
+    (BLOCK_M, BLOCK_N) tile of s."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     n_q, n_k = 16 * r(2, 3) + r(1, 15), 16 * r(2, 4) + r(1, 15)  # never multiples of 16
-    specs = [  # (label, (N_q, N_k, d), causal, hint)
-        (
-            "one tile",
-            (r(2, 12), r(2, 12), 16),
-            False,
-            "s = q k^T / sqrt(d): tl.dot(q, tl.trans(k)) times the scale",
-        ),
-        (
-            f"ragged N_q={n_q}, N_k={n_k}",
-            (n_q, n_k, 32),
-            False,
-            (
-                "launch cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N) programs and mask the loads and "
-                "the store at the edges"
-            ),
-        ),
-        (
-            "d=64: scale 1/sqrt(d)",
-            (r(17, 40), r(17, 40), 64),
-            False,
-            "multiply the scores by 1/sqrt(d)",
-        ),
-        (
-            "causal, N_q == N_k",
-            (n_q, n_q, 32),
-            True,
-            "masked scores are -inf (tl.where(mask, s, -inf)), not 0: exp(0) = 1 would count them",
-        ),
-        (
-            f"causal, N_q={n_q} < N_k={n_k + n_q}",
-            (n_q, n_k + n_q, 32),
-            True,
-            "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned)",
-        ),
-        (
-            f"causal, N_q={n_k + 5} > N_k={n_k}",
-            (n_k + 5, n_k, 16),
-            True,
-            "the first N_q - N_k rows see no key at all: their scores are all -inf",
-        ),
-    ]
+    specs = [  # (label, (N_q, N_k, d), causal, what is wrong when no known mistake matches)
+        ("one tile", (r(2, 12), r(2, 12), 16), False, "the scores of a single tile are wrong"),
+        (f"ragged N_q={n_q}, N_k={n_k}", (n_q, n_k, 32), False, "the ragged edge tiles are wrong"),
+        ("d=64", (r(17, 40), r(17, 40), 64), False, "the scores are wrong at d = 64"),
+        ("causal, N_q == N_k", (n_q, n_q, 32), True, "the causal mask is wrong"),
+        (f"causal, N_q={n_q} < N_k={n_k + n_q}", (n_q, n_k + n_q, 32), True,
+         "the causal mask is wrong when N_q < N_k"),
+        (f"causal, N_q={n_k + 5} > N_k={n_k}", (n_k + 5, n_k, 16), True,
+         "rows that see no key must be -inf everywhere"),
+    ]  # fmt: skip
     cases = []
     for label, (N_q, N_k, d), causal, hint in specs:
         q, k, _ = one_head(rng, N_q, N_k, d)
+        q64, k64 = (x.double().cpu().numpy() for x in (q, k))
+        expected = _scores64(q, k, causal)
+        mistakes = _tile_mistakes.scores(q64, k64, causal)
+        tf32 = np.where(np.isinf(expected), expected, _scores_tf32(q, k))
         cases.append(
-            Case(
-                label,
-                (q, k),
-                _scores64(q, k, causal),
-                hint=hint,
-                kwargs={"causal": causal},
-                tol=Tolerance(2e-5, 2e-5),
-            )
+            Case(label, (q, k), expected, hint=hint, kwargs={"causal": causal}, tol=SCORES_TOL,
+                 check=lambda got, e, m=mistakes, t=tf32: _check_scores(got, e, m, t))
+        )  # fmt: skip
+    return grade(
+        "triton_scores", _triton.launched(fn), cases, solution_name=triton_scores.solution_name,
+        out=out,
+    )  # fmt: skip
+
+
+SCORES_TOL = Tolerance(2e-5, 2e-5)
+
+
+def _scores_tf32(q, k) -> np.ndarray:
+    q64, k64 = (_attn_variants.tf32(x.double().cpu().numpy()) for x in (q, k))
+    return q64 @ k64.T / np.sqrt(q.shape[-1])
+
+
+def _check_scores(got, expected, mistakes, tf32) -> tuple[bool, str, str]:
+    def extra(g):
+        return (
+            _attn_variants.TF32 if _triton_judge.sized_like(g, tf32, expected, SCORES_TOL) else ""
         )
-    return grade("triton_scores", fn, cases, solution_name=triton_scores.solution_name, out=out)
+
+    return _triton_judge.check_against(got, expected, SCORES_TOL, mistakes, extra)
 
 
 def _same_ints(got, expected) -> tuple[bool, str]:
@@ -195,3 +199,60 @@ def kv_block_range(fn, *, seed=None, out=print):
         for label, (first, last, N_q, N_k), causal, hint in specs
     ]
     return grade("kv_block_range", fn, cases, solution_name=kv_block_range.solution_name, out=out)
+
+
+# ------------------------------------------------------------------ exercise 6.3: the whole kernel
+
+
+FORWARD_FORMULA = """
+Per key block j of the block's range (0 .. the diagonal of its last row when causal), in fp32:
+  s = tl.dot(q, tl.trans(k_j), input_precision=PRECISION) * sm_scale, -inf where hidden
+      (cols >= N_k, or cols > rows + N_k - N_q when causal)
+  m_new = max(m, rowmax(s));  p = exp(s - m_new);  alpha = exp(m - m_new)
+  l = alpha * l + rowsum(p);  acc = alpha * acc + tl.dot(p.to(v.dtype), v_j);  m = m_new
+After the loop: o = acc / l, lse = m + log(l); a row that saw nothing (l = 0) gets o = 0 and
+lse = -inf (use 0 for m in the exponents while it is -inf). Store o and lse once, masked rows < N_q.
+Optional: exp2 with log2(e) folded into the scale, lse = (m2 + log2(l)) * ln(2).
+"""
+
+
+@grader("flashedu.triton_solutions.flash_forward_kernel", formula=FORWARD_FORMULA)
+def triton_forward(kernel, *, seed=None, out=print):
+    """Grade exercise 6.3, the whole FlashAttention-2 forward kernel: `kernel` is a @triton.jit
+    function with the skeleton's signature, launched by `triton_exercises.launch_forward` (or a
+    Python function `fn(q, k, v, *, causal=False) -> (o, lse)` that launches kernels of its own).
+    Stages: N a block multiple, ragged N, causal N_q < N_k, rows that see no key, GQA, float16;
+    each against float64, and under the interpreter the bytes moved against FA2's."""
+    rng = rng_for(seed)
+    specs = _kernel_cases.stage_specs(rng, _kernel_cases.FORWARD_HINTS)
+    cases = [_kernel_cases.ForwardCase(rng, *spec) for spec in specs]
+    call, graded = _kernel_cases.graded(kernel, cases)
+    report = grade(
+        "triton_forward", call, graded, solution_name=triton_forward.solution_name, out=out
+    )
+    if report.passed:
+        _time_forward(kernel, out)
+    return report
+
+
+def _time_forward(kernel, out) -> None:
+    """On a GPU: the learner's forward beside flashedu's and PyTorch's SDPA (information only)."""
+    if not torch.cuda.is_available():
+        return
+    from .. import triton_attention
+
+    q, k, v = (torch.randn(4, 16, 4096, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    yours = (
+        (lambda: launch_forward(kernel, q, k, v, causal=True))
+        if _triton.is_kernel(kernel)
+        else (lambda: kernel(q, k, v, causal=True))
+    )
+    _triton.gpu_timing(
+        "forward, B=4 H=16 N=4096 d=64 fp16 causal",
+        {
+            "your kernel": yours,
+            "flashedu": lambda: triton_attention.forward(q, k, v, causal=True),
+            "SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        },
+        out=out,
+    )

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import decoding, reference, ring
 from ..testing import Tolerance, random_qkv
-from ._core import Case, _compare, grade, grader, rng_for, same
+from ._core import Case, compare, grade, grader, rng_for, same
 
 __all__ = ["block_kind", "split_kv_decode", "ring_bytes"]
 
@@ -274,7 +274,7 @@ def _state_check(i, n, bounds, g, e, args):
     if not isinstance(g, (tuple, list)) or len(g) != 3:
         what = type(g).__name__
         return False, f"split {i + 1}: expected (m, l, o), got {what}", ""
-    ok, detail = _compare(tuple(g), e, _F64, ("m", "l", "o"))
+    ok, detail = compare(tuple(g), e, _F64, ("m", "l", "o"))
     if ok:
         return True, "", ""
     with np.errstate(all="ignore"):
@@ -292,7 +292,7 @@ def _decode_check(got, expected):
         )
         if not ok:
             return False, detail, why
-    ok, detail = _compare(out, want, _F64, ("o", "lse"))
+    ok, detail = compare(out, want, _F64, ("o", "lse"))
     if ok:
         return True, f"{len(states)} states; {detail}"
     why = next(

@@ -6,9 +6,12 @@ the whole (B, H, N_q, N_k) grid (`flashedu.flex.score_array` / `mask_array`) and
 torch's FlexAttention (eager, float64, CPU). It compares the modded scores or the mask with the
 definition written out in NumPy, and the output with the float64 softmax of those explicit scores
 (`flashedu.reference.forward` fed the explicit mask, or ALiBi slopes), so the mod is checked both as
-a function and in use. A wrong answer is matched against the classic mistakes (a flipped sign, an
-exclusive window edge, a prefix that is only causal, a document mask that lets tokens see other
-documents, ...), which the line names; otherwise it shows the first wrong entry.
+a function and in use. The factory and every call of its mod run with flashedu's implementations
+off limits (`forbid_flashedu`): `flex.alibi` and the other package mods are the answers. A wrong
+answer is matched against the classic mistakes, each a buggy variant of the scores or mask together
+with the output it gives (a flipped sign, an exclusive window edge, a prefix that is only causal, a
+document mask that lets tokens see other documents, ...); otherwise the report shows the first wrong
+entry and what the case tests. `checks.hint` prints each mod as a formula.
 
 Limits: forward only (FlexAttention has no backward on CPU in torch 2.13); small shapes.
 """
@@ -21,6 +24,7 @@ import torch
 from .. import flex, masks, reference, softmax
 from ..testing import max_error
 from ._core import Case, grade, grader, rng_for
+from ._method import forbid_flashedu
 
 __all__ = [
     "alibi_mod",
@@ -44,59 +48,101 @@ def _grid(N):
 
 
 def _first_wrong(got: np.ndarray, want: np.ndarray) -> str:
-    b, h, i, j = (int(x) for x in np.argwhere(np.abs(got - want) > _TOL)[0])
-    return (
-        f"; first wrong: head {h}, query {i}, key {j}: {got[b, h, i, j]:.4g}, "
-        f"expected {want[b, h, i, j]:.4g}"
+    b, h, i, j = (int(x) for x in np.argwhere(~np.isclose(got, want, rtol=0, atol=_TOL))[0])
+    return f"first wrong: head {h}, query {i}, key {j}: {got[b, h, i, j]:.4g}, expected " + (
+        f"{want[b, h, i, j]:.4g}"
     )
 
 
-def _checker(part: str, mistakes: dict[str, np.ndarray]):
-    """Compare (array, o) with the expected pair; name the mistake whose array the answer equals."""
+def _checker(part: str):
+    """Compare (array, o) with the expected pair: the array entry by entry, then the output."""
 
     def check(got, expected):
         (arr, o), (want, o_ref) = got, expected
-        arr, want = arr.astype(float), want.astype(float)
+        arr, want = np.asarray(arr, dtype=float), np.asarray(want, dtype=float)
         if arr.shape != want.shape:
             return False, f"{part} has shape {arr.shape}, expected {want.shape}"
         err, err_o = max_error(arr, want)[0], max_error(o, o_ref)[0]
         if err <= _TOL:
-            return err_o <= _TOL, f"{part} max|diff|={err:.1e}, o max|diff|={err_o:.1e}"
-        wrong = int((np.abs(arr - want) > _TOL).sum()) if np.isfinite(err) else arr.size
-        detail = f"{part}: {wrong} of {arr.size} entries wrong (o max|diff|={err_o:.1e})"
-        for why, bad in mistakes.items():
-            if max_error(arr, bad.astype(float))[0] <= _TOL:
-                return False, f"{detail}: {why}"
-        return False, detail + (_first_wrong(arr, want) if np.isfinite(err) else "")
+            ok = err_o <= _TOL
+            detail = f"{part} max|diff|={err:.1e}, o max|diff|={err_o:.1e}"
+            return (ok, detail) if ok else (ok, detail, _NOT_IN_FLEX)
+        wrong = int((~np.isclose(arr, want, rtol=0, atol=_TOL)).sum())
+        return False, f"{part}: {wrong} of {arr.size} entries wrong; {_first_wrong(arr, want)}"
 
     return check
 
 
+_NOT_IN_FLEX = (
+    "right on the grid but not inside FlexAttention: write the mod with tensor operations only "
+    "(no Python `if` on a value, no .item())"
+)
+
+
+def _guarded(mod, kind: str):
+    """The learner's mod, run under forbid_flashedu at every call, for the grid evaluation.
+    (FlexAttention traces its mods with torch.compile's tracer, which cannot enter the guard, so
+    it gets the bare mod; the grid, evaluated first, has already seen any call into flashedu.)"""
+    if kind == "mask_mod":
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            with forbid_flashedu():
+                return mod(b, h, q_idx, kv_idx)
+
+        return mask_mod
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        with forbid_flashedu():
+            return mod(score, b, h, q_idx, kv_idx)
+
+    return score_mod
+
+
 def _runner(make, kind: str):
-    """Wrap the learner's factory: (params, q, k, v, mask_mod) -> (array on the grid, o by flex)."""
+    """Wrap the learner's factory: (params, q, k, v, mask_mod) -> (array on the grid, o by flex).
+    The factory and the mod's calls on the grid run with flashedu's implementations off limits;
+    the package's evaluators around them do not."""
 
     def run(params, q, k, v, mask_mod=None):
-        mod = make(*params)
+        with forbid_flashedu():
+            mod = make(*params)
         if not callable(mod):
             raise TypeError(f"expected a {kind} function, got {type(mod).__name__}")
+        guarded = _guarded(mod, kind)  # the grid sees every call the mod makes
         if kind == "mask_mod":
-            arr = flex.mask_array(mod, *q.shape[:3], k.shape[2])
+            arr = flex.mask_array(guarded, *q.shape[:3], k.shape[2])
             return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
-        arr = flex.score_array(mod, flex.dense_scores(q, k))
+        arr = flex.score_array(guarded, flex.dense_scores(q, k))
         return arr, flex.flex_forward(q, k, v, score_mod=mod, mask_mod=mask_mod, block_size=16)[0]
 
     return run
 
 
-def _attend(scores: np.ndarray, v) -> np.ndarray:
-    """softmax(scores) @ v in float64: the output for explicitly modded scores (B, H, N_q, N_k)."""
+def _attend(scores: np.ndarray, v, visible=None) -> np.ndarray:
+    """softmax(scores) @ v in float64: the output for explicitly modded scores (B, H, N_q, N_k),
+    with the keys outside `visible` (N_q, N_k) masked out."""
+    if visible is not None:
+        scores = np.where(visible, scores, -np.inf)
     return softmax.finalize(*softmax.state(scores, v.numpy()))[0]
 
 
-def _score_case(label, params, qkv, want, mistakes, hint, o_ref=None, mask_mod=None) -> Case:
-    expected = (want, _attend(want, qkv[2]) if o_ref is None else o_ref)
+def _score_case(label, params, qkv, want, mistakes, hint, o_ref=None, visible=None) -> Case:
+    """A score-mod case; want and mistakes are modded score arrays (B, H, N, N). `visible`: the
+    causal mask the case runs with (its mask_mod is flex.causal())."""
+    v = qkv[2]
+    expected = (want, _attend(want, v) if o_ref is None else o_ref)
+    variants = {
+        why: (lambda bad=bad: (bad, _attend(bad, v, visible))) for why, bad in mistakes.items()
+    }
+    mask_mod = None if visible is None else flex.causal()
     return Case(
-        label, (params, *qkv, mask_mod), expected, hint=hint, check=_checker("scores", mistakes)
+        label,
+        (params, *qkv, mask_mod),
+        expected,
+        hint=hint,
+        check=_checker("scores"),
+        mistakes=variants,
+        inputs=_inputs(params, qkv, visible is not None),
     )
 
 
@@ -105,24 +151,49 @@ def _mask_case(label, rng, params, want: np.ndarray, mistakes: dict, hint: str, 
     N = want.shape[0]
     q, k, v = _qkv(rng, 1, H, N)
     full = lambda m: np.broadcast_to(m, (1, H, N, N))  # noqa: E731
-    expected = (full(want), reference.forward(q, k, v, attn_mask=want)[0])
+
+    def variant(bad):
+        return lambda: (full(bad), reference.forward(q, k, v, attn_mask=bad)[0])
+
     return Case(
         label,
         (params, q, k, v),
-        expected,
+        (full(want), reference.forward(q, k, v, attn_mask=want)[0]),
         hint=hint,
-        check=_checker("mask", {why: full(m) for why, m in mistakes.items()}),
+        check=_checker("mask"),
+        mistakes={why: variant(bad) for why, bad in mistakes.items()},
+        inputs=_inputs(params, (q, k, v), False),
     )
 
 
-def _grade(name, fn, kind, cases, g, out):
-    return grade(name, _runner(fn, kind), cases, solution_name=g.solution_name, out=out)
+def _inputs(params, qkv, causal: bool) -> str:
+    """'factory(cap=5.3); q, k, v (1, 2, 27, 8)': what the grader built and ran."""
+    shown = ", ".join(
+        f"tensor {tuple(p.shape)}"
+        if isinstance(p, torch.Tensor)
+        else f"{p:.6g}"
+        if isinstance(p, float)
+        else repr(p)
+        for p in params
+    )
+    return f"factory({shown}); q, k, v {tuple(qkv[0].shape)} float64" + (
+        ", causal" if causal else ""
+    )
+
+
+def _grade(name, fn, kind, cases, out):
+    return grade(name, _runner(fn, kind), cases, out=out)
 
 
 # ------------------------------------------------------------------------------------ score mods
 
 
-@grader("flashedu.flex.alibi")
+_ALIBI_FORMULA = """
+score_mod(score, b, h, q_idx, kv_idx) = score - slopes[h] * (q_idx - kv_idx).abs()
+"""
+
+
+@grader("flashedu.flex.alibi", formula=_ALIBI_FORMULA)
 def alibi_mod(fn, *, seed=None, out=print):
     """Grade `fn(slopes) -> score_mod`: score - slopes[h] * |q_idx - kv_idx|, slopes (H,)."""
     rng = rng_for(seed)
@@ -155,13 +226,18 @@ def alibi_mod(fn, *, seed=None, out=print):
                 mistakes,
                 hint,
                 o_ref,
-                flex.causal() if causal else None,
+                np.tril(np.ones((N, N), bool)) if causal else None,
             )
         )
-    return _grade("alibi_mod", fn, "score_mod", cases, alibi_mod, out)
+    return _grade("alibi_mod", fn, "score_mod", cases, out)
 
 
-@grader("flashedu.flex.softcap")
+_SOFTCAP_FORMULA = """
+score_mod(score, b, h, q_idx, kv_idx) = cap * torch.tanh(score / cap)
+"""
+
+
+@grader("flashedu.flex.softcap", formula=_SOFTCAP_FORMULA)
 def softcap_mod(fn, *, seed=None, out=print):
     """Grade `fn(cap) -> score_mod`: cap * tanh(score / cap)."""
     rng = rng_for(seed)
@@ -182,10 +258,16 @@ def softcap_mod(fn, *, seed=None, out=print):
         }
         label = f"cap={cap:.3g}, {what}"
         cases.append(_score_case(label, (cap,), (q, k, v), cap * np.tanh(s / cap), mistakes, hint))
-    return _grade("softcap_mod", fn, "score_mod", cases, softcap_mod, out)
+    return _grade("softcap_mod", fn, "score_mod", cases, out)
 
 
-@grader("flashedu.flex.relative_bias")
+_RELATIVE_BIAS_FORMULA = """
+score_mod(score, b, h, q_idx, kv_idx) =
+    score + table[h, (kv_idx - q_idx).clamp(-max_distance, max_distance) + max_distance]
+"""
+
+
+@grader("flashedu.flex.relative_bias", formula=_RELATIVE_BIAS_FORMULA)
 def relative_bias_mod(fn, *, seed=None, out=print):
     """Grade `fn(table, max_distance) -> score_mod`: score + table[h, clip(kv - q, -D, D) + D]
     with table (H, 2 D + 1) and D = max_distance."""
@@ -213,13 +295,18 @@ def relative_bias_mod(fn, *, seed=None, out=print):
                 label, (torch.from_numpy(table), D), (q, k, v), s + table[:, rel], mistakes, hint
             )
         )
-    return _grade("relative_bias_mod", fn, "score_mod", cases, relative_bias_mod, out)
+    return _grade("relative_bias_mod", fn, "score_mod", cases, out)
 
 
 # ------------------------------------------------------------------------------------- mask mods
 
 
-@grader("flashedu.flex.sliding_window")
+_SLIDING_WINDOW_FORMULA = """
+mask_mod(b, h, q_idx, kv_idx) = (kv_idx <= q_idx) & (q_idx - kv_idx <= window)
+"""
+
+
+@grader("flashedu.flex.sliding_window", formula=_SLIDING_WINDOW_FORMULA)
 def sliding_window_mask(fn, *, seed=None, out=print):
     """Grade `fn(window) -> mask_mod`: query i sees key j iff i - window <= j <= i (causal window,
     flashedu's window_size=(window, 0))."""
@@ -239,10 +326,15 @@ def sliding_window_mask(fn, *, seed=None, out=print):
         }
         want = (i >= j) & (i - j <= w)
         cases.append(_mask_case(f"N={N}, window={w}", rng, (w,), want, mistakes, hint))
-    return _grade("sliding_window_mask", fn, "mask_mod", cases, sliding_window_mask, out)
+    return _grade("sliding_window_mask", fn, "mask_mod", cases, out)
 
 
-@grader("flashedu.flex.prefix_lm")
+_PREFIX_LM_FORMULA = """
+mask_mod(b, h, q_idx, kv_idx) = (kv_idx <= q_idx) | (kv_idx < prefix_len)
+"""
+
+
+@grader("flashedu.flex.prefix_lm", formula=_PREFIX_LM_FORMULA)
 def prefix_lm_mask(fn, *, seed=None, out=print):
     """Grade `fn(prefix_len) -> mask_mod`: every query sees keys 0 .. prefix_len - 1, and the
     others causally (kv_idx <= q_idx)."""
@@ -264,10 +356,16 @@ def prefix_lm_mask(fn, *, seed=None, out=print):
         }
         want = (j <= i) | (j < p)
         cases.append(_mask_case(f"N={N}, prefix_len={p}", rng, (p,), want, mistakes, hint))
-    return _grade("prefix_lm_mask", fn, "mask_mod", cases, prefix_lm_mask, out)
+    return _grade("prefix_lm_mask", fn, "mask_mod", cases, out)
 
 
-@grader("flashedu.flex.document")
+_DOCUMENT_FORMULA = """
+doc = torch.repeat_interleave(torch.arange(n), cu_seqlens.diff())   (once, outside)
+mask_mod(b, h, q_idx, kv_idx) = (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+"""
+
+
+@grader("flashedu.flex.document", formula=_DOCUMENT_FORMULA)
 def document_mask(fn, *, seed=None, out=print):
     """Grade `fn(cu_seqlens) -> mask_mod`: packed documents, causal within each; query i sees key j
     iff j <= i and both lie in the same document (cu_seqlens: (n + 1,) int32 prefix sums)."""
@@ -292,4 +390,4 @@ def document_mask(fn, *, seed=None, out=print):
         }
         params = (torch.tensor(cu, dtype=torch.int32),)
         cases.append(_mask_case(f"lengths {lengths}", rng, params, same & (j <= i), mistakes, hint))
-    return _grade("document_mask", fn, "mask_mod", cases, document_mask, out)
+    return _grade("document_mask", fn, "mask_mod", cases, out)

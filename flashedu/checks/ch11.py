@@ -1,13 +1,18 @@
 """Graders for notebooks/11_hopper.ipynb: the exponential budget, an FP8 block quantiser, rotation.
 
 Exercise 11.1 asks for the seconds of matmul and of exponentials in one forward (the solution is
-`flashedu.hopper.softmax_budget`); a wrong pair is matched against the usual slips (causal not
-halved, one matmul, an exp per multiply-add, TFLOP/s taken as FLOP/s, ...). Exercise 11.2 asks for
-e4m3 codes with one scale per block of rows (`flashedu.fp8.quantize`); the grader checks the method,
-not only the values: one global scale, scale = max instead of max / 448 and a zero scale are named,
-and each line shows the worst block's error beside that of one global scale. Exercise 11.3 asks for
-the random Hadamard rotation of Q and K (`flashedu.fp8.rotate`): the scores must not change, an
-outlier must be spread, and the signs must come from the seed.
+`flashedu.hopper.softmax_budget`). The counts are exact: one exp and 4 d matmul FLOPs per visible
+score, N^2 per head without a mask and N (N + 1) / 2 with the causal one, the diagonal included
+(as `traffic.attention_flops` and `traffic.exp_count` count them). The x0.5 that benchmark TFLOP/s
+use (`traffic.benchmark_flops`) is one of the named slips, beside the whole square counted under a
+causal mask, one matmul, an exp per multiply-add, TFLOP/s taken as FLOP/s and the pair reversed;
+answers are compared as ratios to the right pair, so the times' magnitude does not matter.
+Exercise 11.2 asks for e4m3 codes with one scale per block of rows (`flashedu.fp8.quantize`); the
+grader checks the method, not only the values: one global scale, scale = max instead of max / 448
+and a zero scale are named, and each line shows the worst block's error beside that of one global
+scale. Exercise 11.3 asks for the random Hadamard rotation of Q and K (`flashedu.fp8.rotate`): the
+scores must not change, an outlier must be spread, and the signs must come from the seed. All three
+run with flashedu's own implementations off limits; `checks.hint` prints each formula.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ import torch
 
 from .. import fp8, hopper
 from ._core import Case, Report, grade, grader, number_or_none, rng_for
+from ._method import forbid_flashedu
 
 __all__ = ["exp_budget", "fp8_block_quantize", "hadamard_rotation"]
 
 _REL = 1e-9
-
 
 _SLIPS = [  # (what went wrong, factor on t_matmul, factor on t_exp); strings name a symbol
     ("one matmul counted: Q K^T and P V are 2 N^2 d FLOPs each (2 per multiply-add)", 0.5, 1),
@@ -33,19 +38,29 @@ _SLIPS = [  # (what went wrong, factor on t_matmul, factor on t_exp); strings na
     ("B H left out: every (batch, head) pair does the work", "1/BH", "1/BH"),
     ("the rates are swapped: matmuls run at matmul_tflops, exps at sfu_tflops", "mm/sfu", "sfu/mm"),
 ]
-_CAUSAL_SLIPS = [
-    ("the exps were not halved for the causal mask: a masked score needs no exp", 1, 2),
-    ("the matmul FLOPs were not halved for the causal mask", 2, 1),
-    ("causal was not halved: the mask skips half the scores, their matmuls and exps", 2, 2),
+_CAUSAL_SLIPS = [  # "all": the whole N^2 square per head; "half": N^2 / 2
+    ("the causal exps count the whole square: a masked score needs no exp", 1, "all"),
+    ("the causal matmul FLOPs count the whole square: masked scores need no products", "all", 1),
+    ("causal was ignored: the mask leaves N (N + 1) / 2 of the N^2 scores per head", "all", "all"),
+    (
+        "x0.5 is the benchmark convention; this exercise counts the visible scores exactly, "
+        "N (N + 1) / 2 per head (the diagonal too)",
+        "half",
+        "half",
+    ),
 ]
 
 
 def _budget_mistakes(B, H, N, d, causal, mm, sfu) -> dict[str, tuple[float, float]]:
-    tm, te = hopper.softmax_budget(B, H, N, d, causal=causal, matmul_tflops=mm, sfu_tflops=sfu)
+    """Each slip's (t_matmul, t_exp) divided by the right pair: ratios, so that a match is judged
+    relative to the size of the answer (the times span many orders of magnitude)."""
     sym = {"d": d, "1/BH": 1 / (B * H), "mm/sfu": mm / sfu, "sfu/mm": sfu / mm}
+    visible = (N + 1) / (2 * N)  # the causal share of the square, N (N + 1) / 2 of N^2
+    sym.update({"all": 1 / visible, "half": 0.5 / visible})
     slips = _SLIPS + (_CAUSAL_SLIPS if causal else [])
-    wrong = {why: (tm * sym.get(a, a), te * sym.get(b, b)) for why, a, b in slips}
-    wrong["returned (t_exp, t_matmul): the order is (t_matmul, t_exp)"] = (te, tm)
+    wrong = {why: (float(sym.get(a, a)), float(sym.get(b, b))) for why, a, b in slips}
+    tm, te = hopper.softmax_budget(B, H, N, d, causal=causal, matmul_tflops=mm, sfu_tflops=sfu)
+    wrong["returned (t_exp, t_matmul): the order is (t_matmul, t_exp)"] = (te / tm, tm / te)
     return wrong
 
 
@@ -56,29 +71,55 @@ def _pair(got) -> tuple[float, float] | None:
     return None if a is None or b is None else (a, b)
 
 
-def _budget_check(mistakes: dict[str, tuple[float, float]]):
-    def close(x, y) -> bool:
-        return all(abs(a - b) <= _REL * abs(b) for a, b in zip(x, y))
+class _Ratios(tuple):
+    """The learner's (t_matmul, t_exp) divided by the right pair; keeps the answer in seconds."""
 
-    def check(got, expected) -> tuple[bool, str]:
+    seconds: tuple[float, float]
+
+
+def _as_ratios(args, kwargs, right):
+    """Run fn and hand the grader its answer as ratios to the right pair (anything that is not a
+    pair of finite numbers is passed on as it is, for the check to name)."""
+
+    def call(fn):
+        got = fn(*args, **kwargs)
         g = _pair(got)
         if g is None:
+            return got
+        ratios = _Ratios((g[0] / right[0], g[1] / right[1]))
+        ratios.seconds = g
+        return ratios
+
+    return call
+
+
+def _budget_check(right: tuple[float, float]):
+    def check(got, expected) -> tuple[bool, str]:
+        if not isinstance(got, _Ratios):
             return False, f"expected a pair of finite numbers (t_matmul, t_exp), got {got!r}"
+        g = got.seconds
         detail = f"matmul {g[0]:.3e} s, exp {g[1]:.3e} s"
-        if close(g, expected):
+        if all(abs(r - 1) <= _REL for r in got):
             return True, f"{detail} ({g[1] / g[0]:.2f}x)"
-        detail += f", expected {expected[0]:.3e}, {expected[1]:.3e}"
-        why = next((why for why, value in mistakes.items() if close(g, value)), None)
-        return False, f"{detail}: {why}" if why else detail
+        return False, f"{detail}, expected {right[0]:.3e}, {right[1]:.3e}"
 
     return check
 
 
-@grader("flashedu.hopper.softmax_budget")
+_BUDGET_FORMULA = """
+visible scores per head: N^2, or N (N + 1) / 2 with the causal mask (the diagonal included)
+t_matmul = 4 d * B H * visible / (matmul_tflops * 1e12)     (Q K^T and P V, 2 FLOPs per FMA)
+t_exp    =     B H * visible / (sfu_tflops * 1e12)          (one exp per visible score)
+"""
+
+
+@grader("flashedu.hopper.softmax_budget", formula=_BUDGET_FORMULA)
 def exp_budget(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.1: `fn(B, H, N, d, *, causal, matmul_tflops, sfu_tflops)` -> (t_matmul, t_exp) in
-    seconds for one forward with N_q = N_k = N: 4 B H N^2 d matmul FLOPs and B H N^2 exponentials
-    (both halved when causal) at the two rates, given in TFLOP/s."""
+    seconds for one forward with N_q = N_k = N: 4 d matmul FLOPs and one exponential per visible
+    score, at the two rates, given in TFLOP/s. The count is exact: B H N^2 scores without a mask,
+    B H N (N + 1) / 2 with the causal one (as `traffic.attention_flops` and `traffic.exp_count`
+    count them); the x0.5 of benchmark TFLOP/s (`traffic.benchmark_flops`) is a named slip."""
     rng = rng_for(seed)
     specs = [
         (2, 16, 8192, 128, False, 989.4, 3.9),
@@ -93,17 +134,22 @@ def exp_budget(fn, *, seed=None, out=print) -> Report:
     cases = []
     for B, H, N, d, c, mm, sfu in specs:
         kw = {"causal": c, "matmul_tflops": mm, "sfu_tflops": sfu}
+        right = hopper.softmax_budget(B, H, N, d, **kw)
         cases.append(
             Case(
                 f"B={B} H={H} N={N} d={d}{' causal' if c else ''} {mm:.0f}/{sfu:.1f}",
                 (B, H, N, d),
-                hopper.softmax_budget(B, H, N, d, **kw),
+                (1.0, 1.0),
                 kwargs=kw,
-                hint="4 B H N^2 d FLOPs, B H N^2 exps, x0.5 causal; rates x 1e12",
-                check=_budget_check(_budget_mistakes(B, H, N, d, c, mm, sfu)),
+                hint="4 d FLOPs and one exp per visible score, B H of everything; rates x 1e12",
+                check=_budget_check(right),
+                mistakes=_budget_mistakes(B, H, N, d, c, mm, sfu),
+                call=_as_ratios((B, H, N, d), kw, right),
+                inputs=f"B={B}, H={H}, N={N}, d={d}, causal={c}, "
+                f"matmul_tflops={mm:.6g}, sfu_tflops={sfu:.6g}",
             )
         )
-    return grade("exp_budget", fn, cases, solution_name=exp_budget.solution_name, out=out)
+    return grade("exp_budget", fn, cases, out=out, forbid=True)
 
 
 def _error_bound_ok(x: torch.Tensor, deq: torch.Tensor, scale_rows: torch.Tensor) -> bool:
@@ -124,6 +170,11 @@ def _worst_block(x: torch.Tensor, deq: torch.Tensor, block: int) -> float:
     return max(errs)
 
 
+def _no(detail: str, why: str) -> tuple[bool, str, str]:
+    """A failed case: what the line shows, and what is wrong."""
+    return False, detail, why
+
+
 def _quant_check(x: torch.Tensor, block: int):
     N = x.shape[0]
     n_blocks = -(-N // block)
@@ -141,7 +192,8 @@ def _quant_check(x: torch.Tensor, block: int):
             return False, f"expected (codes, scales), two torch tensors, got {type(got).__name__}"
         codes, scales = got[0], got[1].detach().float().reshape(-1)
         if codes.dtype != torch.float8_e4m3fn:
-            return False, f"codes are {codes.dtype}: cast x / scale with .to(torch.float8_e4m3fn)"
+            why = f"codes are {codes.dtype}: cast x / scale with .to(torch.float8_e4m3fn)"
+            return False, f"codes are {codes.dtype}", why
         if tuple(codes.shape) != tuple(x.shape):
             return False, f"codes have shape {tuple(codes.shape)}, expected {tuple(x.shape)}"
         if (
@@ -154,44 +206,53 @@ def _quant_check(x: torch.Tensor, block: int):
                 and not bool((right == right[0]).all())
             )
         ):
-            return False, (
+            return _no(
+                f"{scales.numel()} scale(s), all equal",
                 "one global scale for the whole tensor: each block of rows needs its "
-                "own, max|x| over the block / 448"
+                "own, max|x| over the block / 448",
             )
         if scales.numel() != n_blocks:
-            return False, (
-                f"{scales.numel()} scales, expected ceil(N / block) = {n_blocks}: "
-                "one per block of rows, the last block may be shorter"
+            return _no(
+                f"{scales.numel()} scales for {N} rows",
+                f"{scales.numel()} scales, expected ceil(N / block) = {n_blocks}: one per "
+                "block of rows, the last block may be shorter",
             )
         if (
             torch.isnan(codes.float()).any()
             or not torch.isfinite(scales).all()
             or (scales <= 0).any()
         ):
-            return False, (
-                "NaN codes or a scale that is not positive: a block of zeros has max 0, "
-                "give it scale 1 (any positive number) instead of dividing by 0"
+            return _no(
+                "NaN codes or a scale that is not positive",
+                "a block of zeros has max 0: give it scale 1 (any positive number) "
+                "instead of dividing by 0",
             )
         if torch.allclose(scales, amax, rtol=1e-5, atol=0):
-            return False, (
+            return _no(
+                "scales equal max|x| over each block",
                 "scale = max|x| instead of max|x| / 448: the codes use only [-1, 1] of "
-                "e4m3's range, where its steps are as coarse as 2^-9"
+                "e4m3's range, where its steps are as coarse as 2^-9",
             )
         if not torch.allclose(scales, right, rtol=1e-5, atol=0):
-            return False, "scales differ from max|x| over each block / 448"
+            return False, "scales differ", "each scale is max|x| over its block of rows / 448"
         deq = fp8.dequantize(codes, scales, block)
-        detail = (
-            f"worst block rel. rmse {_worst_block(x, deq, block):.1e}, one scale {global_err:.1e}"
-        )
+        detail = f"worst block rmse {_worst_block(x, deq, block):.1e}, one scale {global_err:.1e}"
         rows = scales.repeat_interleave(block)[:N, None].expand_as(x)
         if not _error_bound_ok(x, deq, rows):
-            return False, f"{detail}: codes are not x / scale rounded to the nearest e4m3 value"
+            return False, detail, "codes are not x / scale rounded to the nearest e4m3 value"
         return True, detail
 
     return check
 
 
-@grader("flashedu.fp8.quantize")
+_QUANT_FORMULA = """
+block i = rows [i * block, (i + 1) * block), the last one possibly shorter
+scale_i = max|x[block i]| / 448          (448: e4m3's largest value; 1 for a block of zeros)
+codes   = (x / scale of the row's block).to(torch.float8_e4m3fn)    (rounds to nearest)
+"""
+
+
+@grader("flashedu.fp8.quantize", formula=_QUANT_FORMULA)
 def fp8_block_quantize(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.2: `fn(x, block)` for x (N, d) float32 -> (codes (N, d) torch.float8_e4m3fn,
     scales (ceil(N / block),) float32) with scale = max|x| over the block's rows / 448 and
@@ -222,9 +283,7 @@ def fp8_block_quantize(fn, *, seed=None, out=print) -> Report:
         )
         for label, x in specs
     ]
-    return grade(
-        "fp8_block_quantize", fn, cases, solution_name=fp8_block_quantize.solution_name, out=out
-    )
+    return grade("fp8_block_quantize", fn, cases, out=out, forbid=True)
 
 
 _PERMUTED = (
@@ -247,23 +306,24 @@ def _rotation_check(fn, q: np.ndarray, k: np.ndarray, seed: int, *, spread: str,
         if qr.shape != q.shape or kr.shape != k.shape:
             return False, f"shapes {qr.shape}, {kr.shape}, expected {q.shape}, {k.shape}"
         err = np.abs(qr @ kr.T - s).max() / np.abs(s).max()
-        crest = f"crest max/rms {fp8.crest(q):.1f} -> {fp8.crest(qr):.1f}"
-        detail = f"scores max rel. error {err:.1e}; {crest}"
+        detail = f"scores rel. error {err:.1e}; crest {fp8.crest(q):.1f} -> {fp8.crest(qr):.1f}"
         if err > 1e-9:
-            return False, f"{detail}: {_why_scores_moved(q, k, qr, kr, s, d)}"
+            return False, detail, _why_scores_moved(q, k, qr, kr, s, d)
         if np.allclose(qr, q) and np.allclose(kr, k):
-            return False, f"{detail}: nothing was rotated: q_rot equals q (multiply by M)"
+            return False, detail, "nothing was rotated: q_rot equals q (multiply by M)"
         if spread and fp8.crest(qr) > max(6.0, fp8.crest(q) / 3):
-            return False, f"{detail}: {spread}"
+            return False, detail, spread
         if reseed:
             try:
-                q2 = np.asarray(fn(q, k, seed + 1)[0], dtype=np.float64)
-            except Exception as e:  # the learner's bug, reported
+                with forbid_flashedu():
+                    q2 = np.asarray(fn(q, k, seed + 1)[0], dtype=np.float64)
+            except Exception as e:  # the learner's bug (or a shortcut), reported
                 return False, f"{detail}; with seed {seed + 1} it raised {type(e).__name__}: {e}"
             if np.allclose(q2, qr):
-                return False, (
-                    f"{detail}: seeds {seed} and {seed + 1} gave the same rotation: "
-                    "draw the random signs from the seed"
+                return (
+                    False,
+                    f"{detail}; seeds {seed} and {seed + 1} agree",
+                    ("the same rotation for every seed: draw the random signs from the seed"),
                 )
         return True, detail
 
@@ -283,7 +343,15 @@ def _why_scores_moved(q, k, qr, kr, s, d) -> str:
     )
 
 
-@grader("flashedu.fp8.rotate")
+_ROTATE_FORMULA = """
+H_1 = [1],  H_2n = [[H_n, H_n], [H_n, -H_n]]       (Sylvester; H H^T = d I)
+s   = d random signs from np.random.default_rng(seed)
+M   = diag(s) H / sqrt(d)                          (orthogonal, so (q M)(k M)^T = q k^T)
+return q @ M, k @ M
+"""
+
+
+@grader("flashedu.fp8.rotate", formula=_ROTATE_FORMULA)
 def hadamard_rotation(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.3: `fn(q, k, seed)` for float64 arrays q (N_q, d), k (N_k, d), d a power of
     two -> (q @ M, k @ M) with M = diag(s) H / sqrt(d), H the Sylvester Hadamard matrix and s random
@@ -312,9 +380,8 @@ def hadamard_rotation(fn, *, seed=None, out=print) -> Report:
             None,
             check=_rotation_check(fn, q, k, sd, spread=spread, reseed=reseed),
             hint="M = diag(random signs) @ H / sqrt(d); return (q @ M, k @ M)",
+            inputs=f"q {q.shape}, k {k.shape}, seed={sd}",
         )
         for (label, q, k, spread, reseed), sd in zip(specs, seeds)
     ]
-    return grade(
-        "hadamard_rotation", fn, cases, solution_name=hadamard_rotation.solution_name, out=out
-    )
+    return grade("hadamard_rotation", fn, cases, out=out, forbid=True)

@@ -1,0 +1,35 @@
+"""What every part of the grading machinery shares, defined below all of it.
+
+- `Shortcut`: the exception a method guard raises (`_method`, `_watch`) and a report names.
+- `GRADERS` (grader name -> grader) and `CHAPTER_OF` (grader name -> its chapter module): filled by
+  `flashedu.checks` as it imports its chapter modules. Importing any module of the package loads
+  `flashedu.checks` first, so both are complete by the time a grader runs; `_method` reads the
+  graders' solutions from them and `_progress` lists every exercise.
+- `solution_function`: the package function behind a grader's dotted solution name.
+
+Nothing here imports another part of flashedu, so the grading modules above can all import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+__all__ = ["Shortcut", "GRADERS", "CHAPTER_OF", "solution_function"]
+
+
+class Shortcut(Exception):
+    """The answer was computed in a way the exercise rules out; the message names what was done."""
+
+
+GRADERS: dict[str, Callable] = {}
+CHAPTER_OF: dict[str, str] = {}  # grader name -> its module, e.g. "flashedu.checks.ch01"
+
+
+def solution_function(g) -> Callable:
+    """The package function that solves the exercise graded by `g` (a grader or a dotted name)."""
+    dotted = g if isinstance(g, str) else getattr(g, "solution_name", None)
+    if dotted is None:
+        raise TypeError(f"solution: expected a grader from flashedu.checks, got {g!r}")
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
