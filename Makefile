@@ -33,10 +33,22 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "==> no chromium and no root: the browser test will be skipped (apt-get install chromium)"; fi
 
+# The server gets a fresh token; once it answers, the URL to open (token included) is the last line.
 lab: install
-	@echo "==> JupyterLab on http://$(HOST):$(PORT)/lab (Ctrl-C to stop)"
-	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) \
-	  --ServerApp.root_dir=$(CURDIR) $(firstword $(NOTEBOOKS))
+	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(24))"); \
+	url="http://$(HOST):$(PORT)/lab/tree/$(firstword $(NOTEBOOKS))?token=$$token"; \
+	echo "==> starting JupyterLab on $(HOST):$(PORT) (Ctrl-C to stop)"; \
+	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) --ServerApp.port_retries=0 \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=$(CURDIR) \
+	  --IdentityProvider.token=$$token $(firstword $(NOTEBOOKS)) & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	until $(PY) -c "import sys, urllib.request as r; r.urlopen(sys.argv[1], timeout=2)" \
+	  "http://$(HOST):$(PORT)/api/status?token=$$token" 2>/dev/null; do \
+	  kill -0 $$pid 2>/dev/null || { echo "==> JupyterLab did not start (is port $(PORT) taken? PORT=...)"; exit 1; }; \
+	  sleep 0.5; done; \
+	echo "==> JupyterLab is ready. Open this URL (the token in it is the password):"; \
+	echo "$$url"; \
+	wait $$pid
 
 test: install browser
 	@echo "==> lint (ruff), unit tests, notebooks (nbval) and the browser test"

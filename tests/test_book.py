@@ -49,7 +49,11 @@ def test_vendored_build_points_math_and_widgets_at_local_files(manifest):
     info, _ = manifest
     local = book.config(info, execute=True, vendored=True)["sphinx"]["config"]
     assert local["mathjax_path"] == "mathjax/tex-mml-chtml.js"
-    assert list(local["nb_ipywidgets_js"]) == ["widgets/require.js", "widgets/embed-amd.js"]
+    assert list(local["nb_ipywidgets_js"]) == [
+        "widgets/require.js",
+        "flashedu-widgets.js",  # where the manager's fonts are, between RequireJS and the manager
+        "widgets/embed-amd.js",
+    ]
     assert not any("://" in p for p in [local["mathjax_path"], *local["nb_ipywidgets_js"]])
     cdn = book.config(info, execute=True, vendored=False)["sphinx"]["config"]
     assert (

@@ -85,7 +85,9 @@ SKIP_SUFFIXES = (
     "/libembed-amd.js",
 )  # maps, typings, the non-AMD and library builds
 MATHJAX = "mathjax/tex-mml-chtml.js"  # relative to the site's _static/
-WIDGETS_JS = ("widgets/require.js", "widgets/embed-amd.js")
+# flashedu-widgets.js (book/_static) tells RequireJS where the widget manager's files are, so the
+# fonts its CSS asks for come from _static/widgets/ rather than a 404 beside each page.
+WIDGETS_JS = ("widgets/require.js", "flashedu-widgets.js", "widgets/embed-amd.js")
 NBVAL_LINE = re.compile(r"\s*#\s*NBVAL_[A-Z_]+\s*$")
 STATIC = ROOT / "book" / "_static"
 
@@ -124,9 +126,11 @@ def config(book: dict, *, execute: bool, vendored: bool) -> dict:
             "show_toc_level": 2,
             "navigation_with_keys": False,
             "use_fullscreen_button": False,
-            "navbar_persistent": [],
+            "navbar_persistent": [],  # no second search box on top
         },
-    }  # no second search box on top
+        # light or dark as the reader's system says; the theme's default, "", is an invalid mode
+        "html_context": {"default_mode": "auto"},
+    }
     if vendored:
         sphinx["mathjax_path"] = MATHJAX
         sphinx["nb_ipywidgets_js"] = {path: {} for path in WIDGETS_JS}
@@ -181,7 +185,7 @@ def intro(book: dict, chapters: list[manifest.Chapter]) -> str:
         f"{len(chapters)} chapters, about {total // 60} h {total % 60:02d} min in all. Each "
         "chapter is a notebook backed by a tested module of the `flashedu` package; the notebooks "
         "import it and never copy it. To run them yourself: `make lab` in the repository, then "
-        "open `notebooks/`.",
+        "open the URL it prints last (it carries the server's token).",
         "",
         "## Chapters",
         "",
