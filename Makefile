@@ -19,7 +19,7 @@ install: $(STAMP)
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@echo "==> creating $(VENV) and installing the pinned CPU environment (requirements.txt)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@

@@ -79,8 +79,9 @@ _row_blocks = row_blocks  # the row-block grid under its former name
 def naive_forward(
     B: int, H: int, N_q: int, N_k: int, d: int, *, itemsize: int = 2, lse_itemsize: int = 4
 ) -> Traffic:
-    """Standard attention (Dao et al. 2022, Algorithm 0), per (batch, head):
-    read Q, K, write S; read S, write P (and lse); read P, V, write O. Theta(N d + N^2)."""
+    """Standard attention (Dao et al. 2022, Algorithm 0), per (batch, head): read Q, K, write S;
+    read S, write P; read P, V, write O. Theta(N d + N^2). Algorithm 0 writes nothing else;
+    `naive.forward` also writes the row lse (lse_itemsize bytes a row), which its backward uses."""
     _sizes(
         "naive_forward",
         B=B,
