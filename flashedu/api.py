@@ -35,13 +35,16 @@ from .autograd import flash_attention, get_impl
 from .registry import IMPLEMENTATIONS
 
 
-def _auto_impl(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
-    """ "triton" for a CUDA tensor whose dtype and head dims (q's, and v's when given) the Triton
-    kernels support, else "torch_tiled"."""
+def _auto_impl(q: torch.Tensor, k=None, v=None) -> str:
+    """ "hopper" where `triton_hopper.use_hopper(q, k, v)` (sm_90, and the Hopper kernels measured
+    faster there); "triton" for a CUDA tensor whose dtype and head dims (q's, and v's when given)
+    the Triton kernels support; else "torch_tiled"."""
     if not q.is_cuda:
         return "torch_tiled"
     try:
         mod = get_impl("triton").module
+        if get_impl("hopper").module.triton_hopper.use_hopper(q, k, v):
+            return "hopper"
     except ImportError:
         return "torch_tiled"
     dtypes = getattr(mod, "DTYPES", ())
@@ -84,7 +87,8 @@ def attention(
         raise TypeError(
             f"attention: q must be a torch.Tensor, got {type(q).__module__}.{type(q).__name__}"
         )
-    name = _auto_impl(q, v if isinstance(v, torch.Tensor) else None) if impl == "auto" else impl
+    tensors = isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    name = _auto_impl(q, *((k, v) if tensors else (None, None))) if impl == "auto" else impl
     return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name)
 
 

@@ -102,5 +102,14 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "06",
             "FlashAttention-2 kernels in Triton",
         ),
+        _impl(
+            "hopper",
+            "hopper_dispatch",
+            "torch",
+            ["float16", "bfloat16", "float32"],
+            ["gqa"],
+            "11",
+            "Hopper kernels on sm_90 (fp16/bf16, d 64 and 128), the FA2 kernels elsewhere",
+        ),
     ]
 }

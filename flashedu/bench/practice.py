@@ -72,7 +72,12 @@ def _settings(B, H, N, d, device):
         return score - slopes[h] * (q_idx - kv_idx).abs()
 
     def softcap_mod(score, b, h, q_idx, kv_idx):
-        return cap * torch.tanh(score / cap)
+        # cap = 30 as literals: a float taken from the enclosing scope reaches torch.compile as a
+        # CPU scalar tensor, which inductor (torch 2.11) failed to lower on the H200
+        return 30.0 * torch.tanh(score * (1.0 / 30.0))
+
+    def everything(b, h, q_idx, kv_idx):
+        return q_idx >= 0
 
     def block(mask_mod):
         return create_block_mask(mask_mod, None, None, N, N, device=device)
@@ -111,7 +116,9 @@ def _settings(B, H, N, d, device):
         ),
         "softcap 30": dict(
             ref=softcapped,
-            flex=(softcap_mod, None),
+            # a block mask built outside torch.compile: with none, torch 2.11 builds an empty one
+            # inside the compiled call, which inductor failed to lower on the H200
+            flex=(softcap_mod, block(everything)),
             flashedu=lambda q, k, v: (
                 lambda: triton_attention.forward(q, k, v, score_mod=triton_mods.softcap(cap))[0]
             ),

@@ -1,0 +1,57 @@
+"""The registry's "hopper" entry: the Hopper kernels where they run, the FA2 kernels elsewhere.
+
+`flashedu.attention(impl="auto")` picks this entry for CUDA tensors on an sm_90 GPU where
+`triton_hopper.use_hopper` says the Hopper forward was measured faster; `impl="hopper"` asks for it
+by name. Where `takes(q, k, v)` (fp16/bf16, one head dim of 64 or 128 for q, k and v, CUDA tensors
+on sm_90, or CPU tensors under TRITON_INTERPRET=1) the forward is a Hopper kernel: the Gluon one
+(`gluon_hopper`, FA3's overlap written out) on the GPU, the Triton one (`triton_hopper`) under the
+interpreter, which cannot run Gluon. Everything else, and every backward, goes to the FA2 kernels
+(`triton_attention`, `triton_backward`) with the same arguments and contract: on the H200 the FA2
+backward was faster than `triton_hopper_bwd`'s one-pass kernel (GPU_NOTES.md, "Hopper backward").
+
+Introduced in notebooks/11_hopper.ipynb.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_attention, triton_backward, triton_hopper
+
+HEAD_DIMS = triton_attention.HEAD_DIMS  # what the entry takes: the FA2 kernels' head dims
+DTYPES = triton_attention.DTYPES
+
+
+def takes(q, k, v) -> bool:
+    """True where a Hopper forward runs: `triton_hopper.supports` for a CUDA device, or CPU tensors
+    under the interpreter, with one head dim for q, k and v."""
+    if not all(isinstance(x, torch.Tensor) and x.ndim == 4 for x in (q, k, v)):
+        return False
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d or q.dtype not in triton_hopper.DTYPES:
+        return False
+    if triton_hopper.interpreting():
+        return q.device.type == "cpu" and d in triton_hopper.HEAD_DIMS
+    if q.device.type != "cuda":
+        return False
+    return triton_hopper.supports(torch.cuda.get_device_capability(q.device), q.dtype, d)
+
+
+def forward(q, k, v, *, causal=False, softmax_scale=None, **options):
+    """(o, lse) by a Hopper forward where `takes`, else by `triton_attention.forward` (which also
+    takes the options the Hopper kernels do not: windows, ALiBi, score mods)."""
+    if not options and takes(q, k, v):
+        if triton_hopper.interpreting():
+            return triton_hopper.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        from . import gluon_hopper  # Gluon is imported only where it runs
+
+        return gluon_hopper.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return triton_attention.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, **options)
+
+
+def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, **options):
+    """(dq, dk, dv) by `triton_backward.backward`, the faster backward on the H200 (the forward's
+    o and lse are the same quantities whichever forward made them)."""
+    return triton_backward.backward(
+        do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale, **options
+    )
