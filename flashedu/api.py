@@ -36,14 +36,14 @@ from .registry import IMPLEMENTATIONS
 
 
 def _auto_impl(q: torch.Tensor, k=None, v=None) -> str:
-    """ "hopper" where `triton_hopper.use_hopper(q, k, v)` (sm_90, and the Hopper kernels measured
-    faster there); "triton" for a CUDA tensor whose dtype and head dims (q's, and v's when given)
-    the Triton kernels support; else "torch_tiled"."""
+    """ "hopper" where `hopper_dispatch.preferred(q, k, v)` (sm_90, at a head dim where the Hopper
+    forward was measured faster); "triton" for a CUDA tensor whose dtype and head dims (q's, and
+    v's when given) the Triton kernels support; else "torch_tiled"."""
     if not q.is_cuda:
         return "torch_tiled"
     try:
         mod = get_impl("triton").module
-        if get_impl("hopper").module.triton_hopper.use_hopper(q, k, v):
+        if get_impl("hopper").module.preferred(q, k, v):
             return "hopper"
     except ImportError:
         return "torch_tiled"

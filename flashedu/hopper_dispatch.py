@@ -1,13 +1,14 @@
 """The registry's "hopper" entry: the Hopper kernels where they run, the FA2 kernels elsewhere.
 
-`flashedu.attention(impl="auto")` picks this entry for CUDA tensors on an sm_90 GPU where
-`triton_hopper.use_hopper` says the Hopper forward was measured faster; `impl="hopper"` asks for it
-by name. Where `takes(q, k, v)` (fp16/bf16, one head dim of 64 or 128 for q, k and v, CUDA tensors
-on sm_90, or CPU tensors under TRITON_INTERPRET=1) the forward is a Hopper kernel: the Gluon one
-(`gluon_hopper`, FA3's overlap written out) on the GPU, the Triton one (`triton_hopper`) under the
-interpreter, which cannot run Gluon. Everything else, and every backward, goes to the FA2 kernels
-(`triton_attention`, `triton_backward`) with the same arguments and contract: on the H200 the FA2
-backward was faster than `triton_hopper_bwd`'s one-pass kernel (GPU_NOTES.md, "Hopper backward").
+`flashedu.attention(impl="auto")` picks this entry where `preferred(q, k, v)`: CUDA tensors on an
+sm_90 GPU at a head dim where the Gluon forward was measured faster than the FA2 forward;
+`impl="hopper"` asks for it by name. Where `takes(q, k, v)` (fp16/bf16, one head dim of 64 or 128
+for q, k and v, CUDA tensors on sm_90, or CPU tensors under TRITON_INTERPRET=1) the forward is a
+Hopper kernel: the Gluon one (`gluon_hopper`, FA3's overlap written out) on the GPU, the Triton one
+(`triton_hopper`) under the interpreter, which cannot run Gluon. Everything else, and every
+backward, goes to the FA2 kernels (`triton_attention`, `triton_backward`) with the same arguments
+and contract: on the H200 the FA2 backward was faster than `triton_hopper_bwd`'s one-pass kernel
+(GPU_NOTES.md, "Hopper backward").
 
 Introduced in notebooks/11_hopper.ipynb.
 """
@@ -20,6 +21,9 @@ from . import triton_attention, triton_backward, triton_hopper
 
 HEAD_DIMS = triton_attention.HEAD_DIMS  # what the entry takes: the FA2 kernels' head dims
 DTYPES = triton_attention.DTYPES
+# Head dims where the Gluon forward beat the FA2 forward in one H200 run (round 4 in GPU_NOTES.md,
+# bf16 and fp16, causal and not: 1.04x to 1.13x); forward + backward were level (same backward).
+MEASURED_FASTER = (64, 128)
 
 
 def takes(q, k, v) -> bool:
@@ -35,6 +39,14 @@ def takes(q, k, v) -> bool:
     if q.device.type != "cuda":
         return False
     return triton_hopper.supports(torch.cuda.get_device_capability(q.device), q.dtype, d)
+
+
+def preferred(q, k, v) -> bool:
+    """Whether `flashedu.attention(impl="auto")` should take this entry: `takes` on a real sm_90
+    GPU (never under the interpreter) at a head dim in MEASURED_FASTER."""
+    if triton_hopper.interpreting() or not takes(q, k, v):
+        return False
+    return q.device.type == "cuda" and q.shape[-1] in MEASURED_FASTER
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, **options):

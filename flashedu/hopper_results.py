@@ -1,7 +1,8 @@
 """The Hopper kernel's measurements on the H200, read from `notebooks/results/h200_hopper.json`.
 
-The file holds one run: `rows` (TFLOP/s of each kernel and setting; the bf16 matmul rate of the
-same run is in `matmul_tflops`), `steps` (the optimisation story, each step's prediction and
+The file holds one run: `rows` (TFLOP/s of each kernel and setting; the bf16 matmul rate of the same
+run is in `matmul_tflops`), `fp8_ratio` (the FP8 forward beside the bf16 one with the same tile,
+same run); and, from the runs before it, `steps` (the optimisation story, each step's prediction and
 outcome) and `fp8` (the FP8 forward's RMSE against float64). `load_results` reads it (None when it
 is absent), `steps_table` and `rows_table` print it, `plot_steps` draws the steps. Nothing here
 measures; every number shown comes from the file.
@@ -53,23 +54,25 @@ _SHORT = {"hopper_fp8": "hopper8", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
 
 def rows_table(result: dict) -> str:
     """The measured rows, one line per setting: every kernel's TFLOP/s (hopper8 = hopper_fp8,
-    flash and cudnn = SDPA's backends), then the Hopper kernel's rate over cuDNN's and over the
-    bf16 matmul rate measured in the same run ("-" where absent). Under 100 columns.
+    flash and cudnn = SDPA's backends), then the headline kernel's rate over cuDNN's and over the
+    bf16 matmul rate measured in the same run ("-" where absent). The headline kernel is "gluon"
+    when the file has it (else "hopper"), and hopper_fp8 on the FP8 lines. Under 100 columns.
 
     Introduced in notebooks/11_hopper.ipynb.
     """
     kernels = sorted({r["kernel"] for r in result["rows"]})
+    headline = "gluon" if "gluon" in kernels else "hopper"
     by: dict[tuple, dict[str, float]] = {}
     for r in result["rows"]:
         key = (r["dtype"], r["d"], r["N"], r["pass"], r["causal"])
         by.setdefault(key, {})[r["kernel"]] = r["tflops"]
     mm = (result.get("matmul_tflops") or {}).get("bf16")
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
-    names = "".join(f"{_SHORT.get(k, k[:8]):>9}" for k in kernels)
+    names = "".join(f"{_SHORT.get(k, k[:7]):>8}" for k in kernels)
     lines = [f"{'setting':<33}{names}{'vs cudnn':>9}{'vs mm':>7}"]
     for (dtype, d, N, pass_, causal), rates in sorted(by.items(), key=str):
-        mine = rates.get("hopper_fp8" if dtype.startswith("fp8") else "hopper")
-        cells = "".join(f"{rates[k]:>9.0f}" if k in rates else f"{'-':>9}" for k in kernels)
+        mine = rates.get("hopper_fp8" if dtype.startswith("fp8") else headline)
+        cells = "".join(f"{rates[k]:>8.0f}" if k in rates else f"{'-':>8}" for k in kernels)
         label = f"{dtype} d={d} N={N} {pass_}{' causal' if causal else ''}"
         vs = f"{ratio(mine, rates.get('sdpa_cudnn')):>9}{ratio(mine, mm):>7}"
         lines.append(f"{label:<33}{cells}{vs}")

@@ -253,12 +253,15 @@ def format_table(rows: list[dict]) -> str:
 
 
 def refusals(rows: list[dict], backend: str = "FLASH_ATTENTION") -> list[str]:
-    """One line per case the backend refused: its label and SDPA's reasons (or the error)."""
+    """One line per case the backend refused: its label and SDPA's reasons (or the error). The
+    notes that the other backends "have been runtime disabled" (by forcing this one) are left out:
+    they say nothing about this backend."""
     out = []
     for r in rows:
         result = r["forced"][backend]
         if not result["ran"]:
-            out.append(f"{r['label']}: {'; '.join(result['reasons']) or result['error']}")
+            reasons = [x for x in result["reasons"] if "has been runtime disabled" not in x]
+            out.append(f"{r['label']}: {'; '.join(reasons) or result['error']}")
     return out
 
 

@@ -116,3 +116,18 @@ def test_an_unexpected_error_is_recorded_not_raised(monkeypatch):
         "error": "ValueError: boom",
         "reasons": [],
     }
+
+
+def test_the_committed_h200_table_says_why_flash_refused():
+    """The H200 record (made by `python -m flashedu.sdpa_backends --out`) and what refusals keeps
+    of it: FLASH's own reason per case, not the notes on the backends forcing disabled."""
+    record = sb.load_record()
+    assert record["device_name"] == "NVIDIA H200" and record["command"].startswith(
+        "python -m flashedu.sdpa_backends"
+    )
+    lines = sb.refusals(record["cases"])
+    by_label = {line.split(":")[0]: line for line in lines}
+    assert "non-null attn_mask" in by_label["fp16, float mask"]
+    assert "less than or equal to 256" in by_label["fp16, d=512"]
+    assert not any("runtime disabled" in line for line in lines)
+    assert {r["label"]: r["backend"] for r in record["cases"]}["fp16, d=64"] == "CUDNN_ATTENTION"

@@ -153,14 +153,22 @@ def test_attention_with_impl_hopper_differentiates():
         assert_close(g, g_ref, dtype="bfloat16", grad=True)
 
 
-def test_auto_picks_hopper_only_where_use_hopper_says_so(monkeypatch):
+def test_preferred_only_on_a_gpu_at_measured_head_dims():
+    q, k, v = _qkv(1, 2, 20, 20, 64)
+    if DEVICE == "cpu":
+        assert not hopper_dispatch.preferred(q, k, v)  # the interpreter: never auto
+    assert not hopper_dispatch.preferred(*_qkv(1, 2, 20, 20, 48))
+    assert set(hopper_dispatch.MEASURED_FASTER) <= set(th.HEAD_DIMS)
+
+
+def test_auto_picks_hopper_only_where_preferred_says_so(monkeypatch):
     q, k, v = _qkv(1, 2, 20, 20, 64)
     if DEVICE == "cpu":
         assert api._auto_impl(q, k, v) == "torch_tiled"  # CPU tensors never reach a kernel
         return
-    monkeypatch.setattr(th, "use_hopper", lambda *a: True)
+    monkeypatch.setattr(hopper_dispatch, "preferred", lambda *a: True)
     assert api._auto_impl(q, k, v) == "hopper"
-    monkeypatch.setattr(th, "use_hopper", lambda *a: False)
+    monkeypatch.setattr(hopper_dispatch, "preferred", lambda *a: False)
     assert api._auto_impl(q, k, v) == "triton"
 
 
