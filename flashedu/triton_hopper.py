@@ -24,15 +24,18 @@ Measured on an H200 (notebooks/results/h200_hopper.json, one run; TFLOP/s, fwd):
   FP8, d=128, the 128 x 128 tile of FP8_CONFIGS: 629 (causal 550), 1.35x (1.31x) this module's bf16
   forward with the same tile, both from an earlier run (run B in GPU_NOTES.md); FP8 RMSE 1.9e-3 on
   gaussian inputs (bf16 8.2e-5), 1.3e-2 with outliers, 8.0e-3 with the rotation (bf16 2.7e-4).
-So it reaches 0.72-0.94x cuDNN (fp16 and bf16), beats FA2 at d = 64 only (`use_hopper` says so),
-and FP8 misses the 1.5x it was meant to reach.
+So it reaches 0.72-0.94x cuDNN (fp16 and bf16), beats FA2 at d = 64 only (`use_hopper` says so), and
+FP8 misses the 1.5x it was meant to reach. The Gluon forward (`flashedu.gluon_hopper`), which
+overlaps the softmax with the next matmul as this kernel cannot, is what `flashedu.attention` runs
+on sm_90 (`flashedu.hopper_dispatch`); this kernel serves the interpreter on CPU, and FP8.
 
-Limits: forward only (the backward is `flashedu.triton_backward`'s); fp16 and bf16 (and the FP8
-path); head dims 64 and 128, anything else raises `HopperUnsupported` (a ValueError), so a caller
-can hand over to the FA2 kernels; no windows, ALiBi or dropout; no warp specialisation (Triton 3.6
-compiles it for sm_90 only for a single loop without a descriptor store, and that variant did not
-finish on the H200); CUDA tensors on an sm_90 GPU, or CPU tensors under TRITON_INTERPRET=1 (bf16
-and e4m3 tiles are upcast there, since the interpreter's low-precision dot is wrong).
+Limits: forward only (a one-pass backward is `flashedu.triton_hopper_bwd`'s, slower on the H200 than
+`flashedu.triton_backward`'s); fp16 and bf16 (and the FP8 path); head dims 64 and 128, anything else
+raises `HopperUnsupported` (a ValueError), so a caller can hand over to the FA2 kernels; no windows,
+ALiBi or dropout; no warp specialisation (Triton 3.6 compiles it for sm_90 only for a single loop
+without a descriptor store, and that variant did not finish on the H200); CUDA tensors on an sm_90
+GPU, or CPU tensors under TRITON_INTERPRET=1 (bf16 and e4m3 tiles are upcast there, since the
+interpreter's low-precision dot is wrong).
 
 Its measurements are read by notebooks/11_hopper.ipynb (FlashAttention-3 on Hopper).
 """

@@ -35,3 +35,12 @@ def test_main_refuses_without_a_gpu_and_validates_n(tmp_path, capsys):
     with pytest.raises(SystemExit):
         practice.main(["--out", str(tmp_path / "x.json"), "--N", "-5"])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_committed_h200_record_formats_one_line_per_setting():
+    record = practice.load_record()
+    assert record["gpu"] == "NVIDIA H200" and all(r["ok"] for r in record["rows"])
+    table = practice.format_table(record).splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["plain", "alibi", "softcap", "documents"]
+    softcap = next(line for line in table if line.startswith("softcap"))
+    assert softcap.split()[-2] == "-"  # SDPA cannot soft-cap

@@ -16,14 +16,18 @@ Introduced in notebooks/10_in_practice.ipynb.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
 import torch
 
+from .._env import ROOT
 from .results import meta, write
 
 SETTINGS = ("plain causal", "alibi causal", "softcap 30", "documents")
+IMPLS = ("flex-compiled", "flashedu-triton", "sdpa")
+RESULTS_FILE = ROOT / "notebooks" / "results" / "h200_practice.json"
 
 
 def _inputs(B, H, N, d, gen, device):
@@ -169,6 +173,29 @@ def run(B: int = 1, H: int = 16, N: int = 4096, d: int = 64, seed: int = 0, log=
                 + (f"{ms:.3f} ms" if ok else "FAILED")
             )
     return dict(config=dict(B=B, H=H, N=N, d=d, dtype="bfloat16", passes="fwd"), rows=rows)
+
+
+def load_record(path=RESULTS_FILE) -> dict:
+    """A JSON record written by `python -m flashedu.bench.practice --out`."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def format_table(record: dict) -> str:
+    """One line per setting: median ms of each implementation ("-" where it does not apply,
+    "failed" where its output missed the float64 check), then the largest error of the row."""
+    by = {(r["setting"], r["impl"]): r for r in record["rows"]}
+    head = f"{'setting':<14}" + "".join(f"{impl:>17}" for impl in IMPLS) + f"{'max error':>11}"
+    lines = [head, "-" * len(head)]
+    for name in dict.fromkeys(r["setting"] for r in record["rows"]):
+        cells, errors = "", []
+        for impl in IMPLS:
+            r = by.get((name, impl))
+            cell = "-" if r is None else (f"{r['ms']:.3f} ms" if r["ok"] else "failed")
+            cells += f"{cell:>17}"
+            errors += [] if r is None else [r["error"]]
+        lines.append(f"{name:<14}{cells}{max(errors):>11.1e}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
