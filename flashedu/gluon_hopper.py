@@ -68,6 +68,8 @@ from .triton_hopper import HopperUnsupported, check_inputs, interpreting
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
 _LN2 = gl.constexpr(LN2)  # a global a kernel may read
+# every thread of the program waits here (Triton 3.6 calls it thread_barrier, 3.7 barrier)
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 # (d, causal) -> (BLOCK_M, BLOCK_N, num_warps, num_stages): the fastest measured on the H200
@@ -209,7 +211,7 @@ def _attend_block(
     v_pred = (j >= 1) & (j + NUM_STAGES - 1 < n_blocks)
     _expect_kv(desc_k, k_bars, j + NUM_STAGES, k_pred, NUM_STAGES)
     _expect_kv(desc_v, v_bars, j + NUM_STAGES - 1, v_pred, NUM_STAGES)
-    gl.thread_barrier()
+    _cta_barrier()
     _copy_kv(desc_k, k_smem, k_bars, j + NUM_STAGES, kv_row, k_pred, NUM_STAGES, BLOCK_N)
     _copy_kv(desc_v, v_smem, v_bars, j + NUM_STAGES - 1, kv_row, v_pred, NUM_STAGES, BLOCK_N)
 
@@ -319,7 +321,7 @@ def _gluon_fwd(
         for i in gl.static_range(NUM_STAGES):
             _expect_kv(desc_k, k_bars, i, i < n_blocks, NUM_STAGES)
             _expect_kv(desc_v, v_bars, i, i < n_blocks, NUM_STAGES)
-        gl.thread_barrier()
+        _cta_barrier()
         for i in gl.static_range(NUM_STAGES):
             _copy_kv(desc_k, k_smem, k_bars, i, kv_row, i < n_blocks, NUM_STAGES, BLOCK_N)
             _copy_kv(desc_v, v_smem, v_bars, i, kv_row, i < n_blocks, NUM_STAGES, BLOCK_N)

@@ -312,3 +312,14 @@ def test_nothing_timed_is_a_failure(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "flashedu.bench.gpu", fake)
     monkeypatch.setattr(bench, "gpu", fake, raising=False)
     assert cli.main(["--out", str(tmp_path)]) == 1
+
+
+def test_portable_command_cuts_out_paths_to_file_names():
+    from flashedu.bench.results import portable_command
+
+    assert (
+        portable_command("python -m m --out /root/out/x.json --n 3")
+        == "python -m m --out x.json --n 3"
+    )
+    assert portable_command("python3 r.py --out=$OUT/r4.json") == "python3 r.py --out=r4.json"
+    assert portable_command("python -m m --out x.json") == "python -m m --out x.json"

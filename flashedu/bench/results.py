@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -115,6 +116,12 @@ def write(result: dict, out) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return out
+
+
+def portable_command(command: str) -> str:
+    """A recorded command with each `--out` path cut to its file name, as a reader would type it
+    (the GPU runs write to a scratch folder whose absolute path means nothing elsewhere)."""
+    return re.sub(r"(--out[ =])\S*/([^/\s]+)", r"\1\2", command)
 
 
 def load_results(directory=RESULTS) -> dict[str, dict]:
