@@ -1,6 +1,7 @@
 """Check, then time, the Gluon FlashAttention forward (gluon_fwd.py) on an H200.
 
-Usage, from this folder (.hopper) on the GPU machine:
+Usage, on the GPU machine, from a folder holding this script, gluon_fwd.py (flashedu/gluon_hopper.py
+as it was when this ran, with its first tile table) and a copy of flashedu/triton_hopper.py:
     timeout 330 python3 gluon_check_gpu.py --out gluon_check.json --budget 240
 
 Phases (the JSON file is rewritten after every result, so a crash or a hang loses nothing):
