@@ -19,8 +19,6 @@ import torch
 
 from . import triton_attention, triton_backward, triton_hopper
 
-HEAD_DIMS = triton_attention.HEAD_DIMS  # what the entry takes: the FA2 kernels' head dims
-DTYPES = triton_attention.DTYPES
 # Head dims where the Gluon forward beat the FA2 forward in one H200 run (round 4 in GPU_NOTES.md,
 # bf16 and fp16, causal and not: 1.04x to 1.13x); forward + backward were level (same backward).
 MEASURED_FASTER = (64, 128)

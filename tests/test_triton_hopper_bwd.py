@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from test_triton_hopper import CASES  # the forward's matrix: ragged, GQA, N_q != N_k, N_q = 1
 
 import flashedu
 from flashedu import api, hopper_dispatch, reference, triton_backward
@@ -30,16 +31,6 @@ on_hopper = pytest.mark.skipif(
 
 def _qkv(B, H, N_q, N_k, d=64, dtype="float16", H_kv=None, seed=0):
     return random_qkv(B, H, N_q, N_k, d, dtype, H_kv=H_kv, seed=seed, kind="torch", device=DEVICE)
-
-
-# (B, H, H_kv, N_q, N_k, causal): ragged, GQA, N_q != N_k both ways, fully masked rows, N_q = 1
-CASES = [
-    (1, 2, 2, 37, 37, False),
-    (1, 2, 1, 37, 50, True),
-    (2, 2, 1, 50, 23, True),
-    (1, 1, 1, 1, 33, True),
-    (1, 2, 2, 48, 64, False),
-]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
