@@ -12,16 +12,29 @@ NOTEBOOKS = $(shell $(PY) -m flashedu.course notebooks)
 NBVAL = --nbval --nbval-current-env --nbval-sanitize-with .ci/nbval-sanitize.cfg -p no:cacheprovider
 LINTED = flashedu tests .ci/resolve-pins
 
-.PHONY: install browser lab test lint test-unit test-notebooks test-browser pins book bench clean
+.PHONY: install python-check browser lab test lint test-unit test-notebooks test-browser pins book bench clean
 
 install: $(STAMP)
 
+# Before anything is created: the Python that will build .venv must be one the pins install on.
+python-check:
+	@$(PYTHON) -c 'import sys' 2>/dev/null || { echo "==> make: no '$(PYTHON)' found; install Python 3.11 or 3.12, or point make at one: make PYTHON=/path/to/python3.12 ..."; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 12)))' || { \
+	  echo "==> make: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())') ($$($(PYTHON) -c 'import sys; print(sys.executable)')); the course needs Python 3.11 or 3.12: make PYTHON=python3.12 ..."; exit 1; }
+
+# pip shows its progress bars: the first install downloads about 3 GB on Linux (README, "Installing").
+# PIP_ARGS passes options to pip, e.g. PyTorch's CPU-only wheels (README; not exercised by CI).
+PIP_ARGS ?=
 $(STAMP): requirements.txt constraints.txt pyproject.toml
-	@echo "==> creating $(VENV) and installing the pinned CPU environment (requirements.txt)"
+	@$(MAKE) --no-print-directory python-check
+	@echo "==> creating $(VENV) with $$($(PYTHON) -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
-	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@echo "==> [1/3] pip and setuptools"
+	$(PY) -m pip install --upgrade pip "setuptools>=77"
+	@echo "==> [2/3] the pinned environment (requirements.txt, constraints.txt): the longest step"
+	$(PY) -m pip install -r requirements.txt -c constraints.txt $(PIP_ARGS)
+	@echo "==> [3/3] flashedu itself, editable"
+	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	@touch $@
 	@echo "==> environment ready: $(VENV)"
 
@@ -68,8 +81,11 @@ test-notebooks: install
 test-browser: install
 	$(PY) -m pytest tests -m browser -q -p no:cacheprovider -rs
 
-# pip's resolver accepts every environment file's pins on Linux x86-64 (needs the package index).
+# Every environment file resolves from the public package index alone, on every platform and Python the
+# README promises (.ci/resolve-pins; needs the index). uv resolves the platforms this machine is not.
+UV_PIN := uv==0.13.9
 pins: install
+	@$(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install "$(UV_PIN)"
 	$(PY) .ci/resolve-pins
 
 # The static course in _build/html (Jupyter Book 1, pinned in requirements-book.txt; MathJax and the widget
@@ -77,7 +93,7 @@ pins: install
 BOOK_STAMP := $(VENV)/.book-installed
 $(BOOK_STAMP): $(STAMP) requirements-book.txt constraints.txt
 	@echo "==> installing the book renderer (requirements-book.txt)"
-	$(PY) -m pip install --quiet -r requirements-book.txt -c constraints.txt
+	$(PY) -m pip install -r requirements-book.txt -c constraints.txt
 	@touch $@
 
 book: $(BOOK_STAMP)
