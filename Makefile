@@ -1,10 +1,12 @@
 # flashedu: `make lab` to learn, `make test` to check everything. Both build .venv on first use.
 SHELL := /bin/bash
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
+# The address printed for the browser: the container listens on 0.0.0.0 and is reached at 127.0.0.1.
+URL_HOST ?= $(HOST)
 PORT ?= 8888
 # Notebooks in course order, as the package reads them from book.toml (expanded in recipes, after
 # `install` has built the venv).
@@ -49,7 +51,7 @@ browser:
 # The server gets a fresh token; once it answers, the URL to open (token included) is the last line.
 lab: install
 	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(24))"); \
-	url="http://$(HOST):$(PORT)/lab/tree/$(firstword $(NOTEBOOKS))?token=$$token"; \
+	url="http://$(URL_HOST):$(PORT)/lab/tree/$(firstword $(NOTEBOOKS))?token=$$token"; \
 	echo "==> starting JupyterLab on $(HOST):$(PORT) (Ctrl-C to stop)"; \
 	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) --ServerApp.port_retries=0 \
 	  $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=$(CURDIR) \

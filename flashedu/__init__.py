@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import _env  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, before triton loads)
+from . import _env  # sets TRITON_INTERPRET=1 when there is no GPU, before triton loads
 from .registry import IMPLEMENTATIONS
 
 __version__ = "0.1.0"
@@ -38,4 +38,6 @@ def __getattr__(name: str):
     except ModuleNotFoundError as e:
         if e.name == f"{__name__}.{name}":
             raise AttributeError(f"module 'flashedu' has no attribute {name!r}") from None
+        if _env.is_triton_missing(e) and not isinstance(e, _env.TritonUnavailable):
+            raise _env.TritonUnavailable(f"flashedu.{name}") from None
         raise

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ._env import TritonUnavailable, is_triton_missing
 from .dtypes import dtype_name
 from .registry import IMPLEMENTATIONS, Implementation
 
@@ -54,6 +55,8 @@ def get_impl(name) -> Implementation:
     try:
         impl.module
     except ModuleNotFoundError as e:
+        if is_triton_missing(e):
+            raise TritonUnavailable(f"impl={name!r}") from None
         what = "its module" if e.name == impl.module_name else f"the package {e.name!r} it needs"
         raise ImportError(f"impl={name!r} is not available: {what} cannot be imported ({e})") from e
     return impl

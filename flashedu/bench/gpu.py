@@ -23,6 +23,7 @@ Introduced in notebooks/08_benchmarks.ipynb (the kernels in notebooks/06_triton_
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 import sys
@@ -31,10 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
-import triton.testing  # noqa: E402
 
-from .. import triton_attention as ta
 from ..testing import tolerance
 from ..traffic import attention_flops
 
@@ -48,6 +46,20 @@ FULL = dict(
 QUICK = dict(N=(1024, 4096), d=(128,), causal=(False, True), dtype=("bfloat16",))
 TOKENS = 16384  # B * N
 HEAD_MODEL = 2048  # H * d: H = 32 at d = 64, H = 16 at d = 128
+
+
+def _kernels():
+    """The Triton kernels' module, imported on first use: this module's tables and plots need no
+    Triton, which installs on Linux only."""
+    from .. import triton_attention
+
+    return triton_attention
+
+
+def _do_bench(fn, **kwargs) -> float:
+    import triton.testing  # imported here, after flashedu has set the interpreter flag
+
+    return triton.testing.do_bench(fn, **kwargs)
 
 
 def _sdpa(backend):
@@ -71,7 +83,7 @@ def _sdpa(backend):
 def attention_fn(impl: str):
     """(q, k, v, causal) -> o, differentiable, for one of IMPLS."""
     if impl == "flashedu-triton":
-        return lambda q, k, v, causal: ta.attention(q, k, v, causal=causal)
+        return lambda q, k, v, causal: _kernels().attention(q, k, v, causal=causal)
     return _sdpa(impl)
 
 
@@ -115,9 +127,7 @@ def time_case(
             q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
             call, grads = (lambda: fn(q, k, v, causal).backward(do)), [q, k, v]
         call()  # compile / autotune outside the timing
-        ms = triton.testing.do_bench(
-            call, warmup=25, rep=100, grad_to_none=grads, return_mode="median"
-        )
+        ms = _do_bench(call, warmup=25, rep=100, grad_to_none=grads, return_mode="median")
         tf = attention_flops(B, H, N, N, d, causal=causal, pass_=pass_) / (ms * 1e-3) / 1e12
         rows.append(
             {
@@ -142,7 +152,7 @@ def versions() -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
-        "triton": triton.__version__,
+        "triton": importlib.metadata.version("triton"),
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
         "python": platform.python_version(),
@@ -244,7 +254,7 @@ def measure_memory(
     for N in Ns:
         for impl, fn in (
             ("standard", _standard),
-            ("flashedu-triton", lambda q, k, v: ta.attention(q, k, v)),
+            ("flashedu-triton", lambda q, k, v: _kernels().attention(q, k, v)),
         ):
             for pass_ in ("fwd", "fwd_bwd"):
                 torch.cuda.empty_cache()
@@ -290,7 +300,7 @@ def matmul_tflops(n: int = 8192) -> float:
     """The dense bf16 ceiling measured on this GPU: an n x n x n torch.matmul on random data,
     TFLOP/s."""
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    ms = _do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
@@ -348,8 +358,8 @@ def run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
     from .. import triton_backward as tb
 
     if kernel == "fwd":
-        return ta.forward(q, k, v, causal=causal, **_kw(cfg))
-    pl = ta.plan(q, k, v, causal, None, None, None, None, "explore")
+        return _kernels().forward(q, k, v, causal=causal, **_kw(cfg))
+    pl = _kernels().plan(q, k, v, causal, None, None, None, None, "explore")
     return tb.run_backward(do, q, k, v, o, lse, pl, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
 
 
@@ -369,7 +379,7 @@ def explore(Ns=(2048, 8192), log=print):
                 torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)
             )
             o, lse = run_fixed("fwd", EXPLORE[("fwd", d)][0], q, k, v, do, None, None, causal)
-            ms = triton.testing.do_bench(
+            ms = _do_bench(
                 lambda: run_fixed(kernel, cfg, q, k, v, do, o, lse, causal),
                 warmup=25,
                 rep=100,

@@ -22,9 +22,14 @@ Introduced in notebooks/01_naive_attention.ipynb; the machinery is in `_core.py`
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import pkgutil
+from pathlib import Path
+from types import SimpleNamespace
 
+from .._env import TritonUnavailable, is_triton_missing
 from ._core import Case, Report, grade, grader, hint, solution
 from ._progress import progress
 from ._shared import CHAPTER_OF, GRADERS, Shortcut, solution_function
@@ -43,10 +48,40 @@ __all__ = [
     "CHAPTER_OF",
 ]
 
+
+def _triton_stand_ins(module: str) -> dict:
+    """Without Triton, a chapter module whose graders need it cannot be imported: its graders (the
+    names in its `__all__`, read from the source) become stand-ins that say so in one line."""
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    names = next(
+        ast.literal_eval(node.value)
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+    )
+
+    def stand_in(name):
+        def grader(*args, out=print, **kwargs):
+            out(f"{name}: {TritonUnavailable('this exercise')}")
+
+        grader.__name__ = grader.__qualname__ = name
+        grader.solution_name, grader.solution_names = None, ()  # the answers need Triton too
+        return grader
+
+    return {name: stand_in(name) for name in names}
+
+
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _m.name.startswith("ch"):
-        _mod = importlib.import_module(f".{_m.name}", __name__)
-        for _name in _mod.__all__:
+        try:
+            _mod = importlib.import_module(f".{_m.name}", __name__)
+            _exports = {_name: getattr(_mod, _name) for _name in _mod.__all__}
+        except ImportError as _e:
+            if not is_triton_missing(_e):
+                raise
+            _mod = SimpleNamespace(__name__=f"{__name__}.{_m.name}")
+            _exports = _triton_stand_ins(_mod.__name__)
+        for _name, _grader in _exports.items():
             if _name in globals() and _name not in GRADERS:
                 raise ImportError(
                     f"{_mod.__name__} exports {_name!r}, a name flashedu.checks already uses"
@@ -55,6 +90,6 @@ for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
                 raise ImportError(
                     f"grader {_name!r} is exported by both {CHAPTER_OF[_name]} and {_mod.__name__}"
                 )
-            globals()[_name] = GRADERS[_name] = getattr(_mod, _name)
+            globals()[_name] = GRADERS[_name] = _grader
             CHAPTER_OF[_name] = _mod.__name__
             __all__.append(_name)
