@@ -7,7 +7,12 @@
 # The image is Debian 12 with Python 3.11; the install inside it downloads about 2.9 GB (the README,
 # "Installing"). Notebooks you edit live in the container: mount the repository to keep them,
 #   docker run --rm -it -p 8888:8888 -v "$PWD/notebooks:/course/notebooks" flashedu
-FROM python:3.11-slim-bookworm
+# BASE: any Debian 12 image with Python 3.11, venv and apt (the test suite builds one with debootstrap).
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
+# Behind a proxy that re-signs TLS, pass its CA bundle to pip: --build-arg PIP_CERT=/path/in/image
+# (mounted with -v at build time).
+ARG PIP_CERT
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends make git \

@@ -44,7 +44,7 @@ def test_autograd_function_accepts_a_learners_own_loops():
         "NaN rows",
         "swapped",
         "no None",
-    ],  # fmt: skip
+    ],
 )
 def test_autograd_function_names_each_planted_bug_once(bug, words):
     report, text = run_grader(checks.check_autograd_function, learner.function(**bug), seed=2)

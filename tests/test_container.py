@@ -22,7 +22,8 @@ def _make_targets() -> set[str]:
 
 
 def test_the_image_is_debian_12_with_python_311():
-    (base,) = _instructions("FROM")
+    assert _instructions("FROM") == ["${BASE}"]
+    base = next(a.split("=", 1)[1] for a in _instructions("ARG") if a.startswith("BASE="))
     assert base.startswith("python:3.11-") and "bookworm" in base
 
 

@@ -157,7 +157,7 @@ def test_ci_runs_the_readme_test_command_then_the_resolver():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme
-    assert ci.index("make test") < ci.index("make pins")
+    assert ci.index("make test") < ci.index("make pins") < ci.index("make test-container")
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^pins:.*\n(\t.*\n)*\t.*\.ci/resolve-pins", makefile, re.M)
     assert re.search(r"^test:.*\n.*\n\t\$\(MAKE\).* lint test-unit", makefile, re.M)
