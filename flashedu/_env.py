@@ -3,7 +3,7 @@ the repository's root.
 
 Triton's interpreter (`TRITON_INTERPRET=1`) runs the same `@triton.jit` kernels on CPU tensors, so
 the course's Triton chapters work on a laptop. The variable is read when `triton.jit` decorates a
-kernel, so it has to be set before `flashedu.triton_attention` is imported. We set it only when no
+kernel, so it has to be set before `flashedu.kernels.fwd` is imported. We set it only when no
 CUDA device exists and the user has not chosen either way.
 """
 

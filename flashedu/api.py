@@ -30,9 +30,9 @@ import math
 
 import torch
 
-from ._validate import resolve_scale
 from .autograd import flash_attention, get_impl
 from .registry import IMPLEMENTATIONS
+from .validation import resolve_scale
 
 
 def _auto_impl(q: torch.Tensor, k=None, v=None) -> str:

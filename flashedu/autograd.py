@@ -54,8 +54,9 @@ def get_impl(name) -> Implementation:
     try:
         impl.module
     except ModuleNotFoundError as e:
-        what = "its module" if e.name == impl.module_name else f"the package {e.name!r} it needs"
-        raise ImportError(f"impl={name!r} is not available: {what} cannot be imported ({e})") from e
+        raise ImportError(
+            f"impl={name!r} is not available: {e.name!r} cannot be imported ({e})"
+        ) from e
     return impl
 
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks
-from ._validate import check_backward, check_causal, check_qkv, check_window, resolve_scale
 from .dtypes import acc_dtype
-from .ledger import NULL_LEDGER
+from .traffic.ledger import NULL_LEDGER
+from .validation import check_backward, check_causal, check_qkv, check_window, resolve_scale
 
 
 def _expand(x: np.ndarray, H: int) -> np.ndarray:

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
 import triton.testing  # noqa: E402
 
-from .. import triton_attention as ta
+from ..api import attention
+from ..kernels import fwd, launch
 from ..testing import tolerance
 from ..traffic import attention_flops
 
@@ -71,7 +72,7 @@ def _sdpa(backend):
 def attention_fn(impl: str):
     """(q, k, v, causal) -> o, differentiable, for one of IMPLS."""
     if impl == "flashedu-triton":
-        return lambda q, k, v, causal: ta.attention(q, k, v, causal=causal)
+        return lambda q, k, v, causal: attention(q, k, v, causal=causal, impl="triton")
     return _sdpa(impl)
 
 
@@ -244,7 +245,7 @@ def measure_memory(
     for N in Ns:
         for impl, fn in (
             ("standard", _standard),
-            ("flashedu-triton", lambda q, k, v: ta.attention(q, k, v)),
+            ("flashedu-triton", lambda q, k, v: attention(q, k, v, impl="triton")),
         ):
             for pass_ in ("fwd", "fwd_bwd"):
                 torch.cuda.empty_cache()
@@ -345,11 +346,11 @@ EXPLORE = {
 def run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
     """Run one kernel ("fwd", "dkdv" or "dq") with a fixed launch config (BLOCK_M, BLOCK_N, warps,
     stages)."""
-    from .. import triton_backward as tb
+    from ..kernels import bwd as tb
 
     if kernel == "fwd":
-        return ta.forward(q, k, v, causal=causal, **_kw(cfg))
-    pl = ta.plan(q, k, v, causal, None, None, None, None, "explore")
+        return fwd.forward(q, k, v, causal=causal, **_kw(cfg))
+    pl = launch.plan(q, k, v, causal, None, None, None, None, "explore")
     return tb.run_backward(do, q, k, v, o, lse, pl, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
 
 

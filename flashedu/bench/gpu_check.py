@@ -131,7 +131,7 @@ def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
 def check_case(case: dict) -> list[dict]:
     """Run one case (fresh inputs) through the Triton kernels, SDPA and float64; one row per
     pass."""
-    from .. import triton_attention as ta
+    from .. import kernels
 
     seed = int.from_bytes(os.urandom(4), "little")
     q, k, v = random_qkv(
@@ -153,10 +153,10 @@ def check_case(case: dict) -> list[dict]:
     opts = dict(
         causal=case["causal"], window=case["window"], slopes=slopes, scale=case["d"] ** -0.5
     )
-    o, lse = ta.forward(
+    o, lse = kernels.forward(
         q, k, v, causal=case["causal"], window_size=case["window"], alibi_slopes=slopes
     )
-    grads = ta.backward(
+    grads = kernels.backward(
         do, q, k, v, o, lse, causal=case["causal"], window_size=case["window"], alibi_slopes=slopes
     )
     ref = float64_attention(q, k, v, do, **opts)
@@ -236,10 +236,9 @@ def _check_many(cases: list[dict]) -> list[dict]:
 def config_jobs(explore_too: bool) -> list[tuple]:
     """(dtype, d, causal, kernel, config) for every config the autotuner may pick (fp16/bf16, d
     64/128), and with explore_too every config of EXPLORE (bf16)."""
-    from .. import triton_attention as ta
-    from .. import triton_backward as tb
+    from ..kernels import bwd, fwd
 
-    tables = {"fwd": ta.fwd_table, "dkdv": tb.dkdv_table, "dq": tb.dq_table}
+    tables = {"fwd": fwd.fwd_table, "dkdv": bwd.dkdv_table, "dq": bwd.dq_table}
     jobs = {
         (dt, d, c, kern, tuple(cfg))
         for dt in ("bfloat16", "float16")
@@ -312,11 +311,10 @@ def self_check() -> float:
 
 def autotune_choices() -> list[dict]:
     """The config the autotuner kept for each kernel and key in this process."""
-    from .. import triton_attention as ta
-    from .. import triton_backward as tb
+    from ..kernels import bwd, fwd
 
     rows = []
-    for name, kern in (*ta.AUTOTUNED.items(), *tb.AUTOTUNED.items()):
+    for name, kern in (*fwd.AUTOTUNED.items(), *bwd.AUTOTUNED.items()):
         for key, cfg in getattr(kern, "cache", {}).items():
             rows.append(
                 {

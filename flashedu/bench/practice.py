@@ -54,7 +54,9 @@ def _settings(B, H, N, d, device):
     """name -> float64 reference, FlexAttention (score_mod, block_mask), flashedu and SDPA calls."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from .. import triton_attention, triton_mods, triton_varlen
+    from .. import kernels
+    from ..kernels import score_mods as triton_mods
+    from ..kernels import varlen as triton_varlen
 
     i = torch.arange(N, device=device)
     causal = i[None, :] <= i[:, None]
@@ -99,7 +101,7 @@ def _settings(B, H, N, d, device):
         "plain causal": dict(
             ref=lambda q, k, v: _reference(q, k, v, torch.where(causal, 0.0, neg)),
             flex=(None, block(causal_mask)),
-            flashedu=lambda q, k, v: lambda: triton_attention.forward(q, k, v, causal=True)[0],
+            flashedu=lambda q, k, v: lambda: kernels.forward(q, k, v, causal=True)[0],
             sdpa=lambda q, k, v: (
                 lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             ),
@@ -108,9 +110,9 @@ def _settings(B, H, N, d, device):
             ref=lambda q, k, v: _reference(q, k, v, alibi),
             flex=(alibi_mod, block(causal_mask)),
             flashedu=lambda q, k, v: (
-                lambda: triton_attention.forward(
-                    q, k, v, causal=True, score_mod=triton_mods.alibi(slopes)
-                )[0]
+                lambda: kernels.forward(q, k, v, causal=True, score_mod=triton_mods.alibi(slopes))[
+                    0
+                ]
             ),
             sdpa=lambda q, k, v: (
                 lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -124,7 +126,7 @@ def _settings(B, H, N, d, device):
             # inside the compiled call, which inductor failed to lower on the H200
             flex=(softcap_mod, block(everything)),
             flashedu=lambda q, k, v: (
-                lambda: triton_attention.forward(q, k, v, score_mod=triton_mods.softcap(cap))[0]
+                lambda: kernels.forward(q, k, v, score_mod=triton_mods.softcap(cap))[0]
             ),
             sdpa=None,
         ),
