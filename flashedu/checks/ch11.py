@@ -1,7 +1,7 @@
 """Graders for notebooks/11_hopper.ipynb: the exponential budget, an FP8 block quantiser, rotation.
 
 Exercise 11.1 asks for the seconds of matmul and of exponentials in one forward (the solution is
-`flashedu.hopper.softmax_budget`). The counts are exact: one exp and 4 d matmul FLOPs per visible
+`hopper.model.softmax_budget`). The counts are exact: one exp and 4 d matmul FLOPs per visible
 score, N^2 per head without a mask and N (N + 1) / 2 with the causal one, the diagonal included
 (as `traffic.attention_flops` and `traffic.exp_count` count them). The x0.5 that benchmark TFLOP/s
 use (`traffic.benchmark_flops`) is one of the named slips, beside the whole square counted under a
@@ -114,7 +114,7 @@ t_exp    =     B H * visible / (sfu_tflops * 1e12)          (one exp per visible
 """
 
 
-@grader("flashedu.hopper.softmax_budget", formula=_BUDGET_FORMULA)
+@grader("flashedu.hopper.model.softmax_budget", formula=_BUDGET_FORMULA)
 def exp_budget(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.1: `fn(B, H, N, d, *, causal, matmul_tflops, sfu_tflops)` -> (t_matmul, t_exp) in
     seconds for one forward with N_q = N_k = N: 4 d matmul FLOPs and one exponential per visible

@@ -93,7 +93,7 @@ def test_budget_rejects_flashedus_own_counts():
         return flops / matmul_tflops / 1e12, traffic.exp_count(B, H, N, N, causal=causal) / 3.9e12
 
     for shortcut, called in (
-        (hopper.softmax_budget, "called flashedu.hopper.softmax_budget"),
+        (hopper.softmax_budget, "called flashedu.hopper.model.softmax_budget"),
         (via_traffic, "called flashedu.traffic.hardware.attention_flops"),
     ):
         report, text = run_grader(checks.exp_budget, shortcut, seed=0)
@@ -251,7 +251,7 @@ def test_rotation_along_the_wrong_axis_is_caught():
 
 
 GRADERS = [
-    (checks.exp_budget, "flashedu.hopper.softmax_budget"),
+    (checks.exp_budget, "flashedu.hopper.model.softmax_budget"),
     (checks.fp8_block_quantize, "flashedu.hopper.fp8.quantize"),
     (checks.hadamard_rotation, "flashedu.hopper.fp8.rotate"),
 ]
