@@ -72,7 +72,7 @@ import json, os, re, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from flashedu import gluon_hopper as gh
+from flashedu.hopper import gluon_fwd as gh
 
 d, causal = int(sys.argv[1]), sys.argv[2] == "causal"
 bm, bn, warps, stages = gh.config_for(d, causal)

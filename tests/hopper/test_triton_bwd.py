@@ -13,11 +13,10 @@ import pytest
 import torch
 
 import flashedu
-from flashedu import api, reference
+from flashedu import api, kernels, reference
 from flashedu.hopper import dispatch as hopper_dispatch
 from flashedu.hopper import triton_bwd as tb
 from flashedu.hopper import triton_fwd as th
-from flashedu.kernels import bwd as triton_backward
 from flashedu.testing import assert_close, random_qkv
 
 from .test_triton_fwd import CASES  # the forward's matrix: ragged, GQA, N_q != N_k, N_q = 1
@@ -117,7 +116,7 @@ def test_takes_hopper_shapes_and_hands_the_rest_over():
 def test_dispatch_runs_a_hopper_forward_where_it_takes_the_inputs(monkeypatch):
     calls = []
     monkeypatch.setattr(th, "forward", lambda *a, **kw: calls.append("triton_hopper") or (0, 0))
-    monkeypatch.setattr(triton_backward, "backward", lambda *a, **kw: calls.append("fa2 bwd"))
+    monkeypatch.setattr(kernels, "backward", lambda *a, **kw: calls.append("fa2 bwd"))
     q, k, v = _qkv(1, 2, 20, 20, 64)
     hopper_dispatch.forward(q, k, v, causal=True)
     hopper_dispatch.backward(q, q, k, v, q, q[..., 0], causal=True)
@@ -177,7 +176,7 @@ def test_gpu_backward_matches_reference_at_1k(dtype, d, causal):
     do = torch.randn_like(o)
     grads = tb.backward(do, q, k, v, o, lse, causal=causal)
     ref = reference.backward(do, q, k, v, causal=causal)
-    fa2 = triton_backward.backward(do, q, k, v, o, lse, causal=causal)
+    fa2 = kernels.backward(do, q, k, v, o, lse, causal=causal)
     for g, g_ref, g_fa2 in zip(grads, ref, fa2):
         assert_close(g, g_ref, dtype=dtype, grad=True)
         assert_close(g_fa2, g_ref, dtype=dtype, grad=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashedu import IMPLEMENTATIONS, api, kernels, masks, reference
+from flashedu import IMPLEMENTATIONS, autograd, kernels, masks, reference
 from flashedu.kernels import launch
 from flashedu.kernels import launch as triton_launch
 from flashedu.testing import Tolerance, assert_close, max_error, random_qkv
@@ -205,7 +205,7 @@ def test_attention_autograd_gradients_match_reference(make_qkv, rng):
     q, k, v = (
         x.requires_grad_() for x in make_qkv(1, 2, 21, 30, 16, "float32", H_kv=1, kind="torch")
     )
-    o = api.attention(q, k, v, causal=True, window_size=(6, -1), impl="triton")
+    o = autograd.flash_attention(q, k, v, causal=True, window_size=(6, -1), impl="triton")
     do = _grad_out(rng, o)
     o.backward(do)
     for name, x, g_ref in zip(

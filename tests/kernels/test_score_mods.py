@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashedu import api, kernels, masks, reference
+from flashedu import autograd, kernels, masks, reference
 from flashedu.kernels import score_mods as triton_mods
 from flashedu.testing import assert_close, random_qkv
 
@@ -130,7 +130,9 @@ def test_a_mod_without_gradient_runs_forward_only(rng):
 
 def test_attention_autograd_carries_the_score_mod(rng):
     q, k, v = (x.requires_grad_() for x in _qkv(rng, scale=3.0))
-    o = api.attention(q, k, v, causal=True, score_mod=triton_mods.softcap(2.0), impl="triton")
+    o = autograd.flash_attention(
+        q, k, v, causal=True, score_mod=triton_mods.softcap(2.0), impl="triton"
+    )
     do = torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(o.dtype)
     o.backward(do)
     refs = reference.backward(
