@@ -139,7 +139,7 @@ def test_gqa_matches_reference_on_repeated_heads(name, H, H_kv, N_q, N_k, causal
     )  # every head its own K/V
     o_ref, lse_ref = reference.forward(q, k_rep, v_rep, causal=causal)
     dq, dk, dv = reference.backward(do, q, k_rep, v_rep, causal=causal)
-    fold = lambda g: g.reshape(2, H_kv, H // H_kv, N_k, 16).sum(axis=2)  # noqa: E731 (shared heads add up)
+    fold = lambda g: g.reshape(2, H_kv, H // H_kv, N_k, 16).sum(axis=2)
     _check(impl, dtype, args, dict(causal=causal), o_ref, lse_ref, (dq, fold(dk), fold(dv)))
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
-import triton.testing  # noqa: E402
+import triton
+import triton.testing
 
 from ..api import attention
 from ..kernels import fwd, launch
@@ -208,7 +208,7 @@ def run(
 def table(rows: list[dict], baseline: str = "sdpa-flash") -> str:
     """One line per (dtype, d, causal, N, pass): TFLOP/s of each implementation and flashedu's speed
     ratios."""
-    key = lambda r: (r["dtype"], r["d"], r["causal"], r["N"], r["pass"])  # noqa: E731
+    key = lambda r: (r["dtype"], r["d"], r["causal"], r["N"], r["pass"])
     groups: dict[tuple, dict[str, float]] = {}
     for r in rows:
         groups.setdefault(key(r), {})[r["impl"]] = r["tflops"]
@@ -220,7 +220,7 @@ def table(rows: list[dict], baseline: str = "sdpa-flash") -> str:
     ]
     for (dtype, d, causal, N, pass_), g in groups.items():
         mine = g.get("flashedu-triton")
-        ratio = lambda other: f"{mine / g[other]:.2f}" if mine and g.get(other) else "-"  # noqa: E731
+        ratio = lambda other: f"{mine / g[other]:.2f}" if mine and g.get(other) else "-"
         lines.append(
             f"{dtype:<9}{d:>4}{str(causal):>7}{N:>7}{pass_:>8}"
             + "".join(f"{g[n]:>16.1f}" if n in g else f"{'-':>16}" for n in names)

@@ -185,7 +185,7 @@ def check_case(case: dict) -> list[dict]:
         "sdpa_backend": backend,
     }
     fp32 = case["dtype"] == "float32"
-    rule = lambda err, sdpa_err: fp32 or err <= 2 * sdpa_err + 1e-6  # noqa: E731  (fp16/bf16: flash-attn's rule)
+    rule = lambda err, sdpa_err: fp32 or err <= 2 * sdpa_err + 1e-6
     lse_err = _err(lse, ref[1])
     fwd = {
         **row,
@@ -398,7 +398,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error(f"--workers must be >= 1, got {a.workers}")
-    log = lambda *s, **kw: print(*s, **{"flush": True, **kw})  # noqa: E731
+    log = lambda *s, **kw: print(*s, **{"flush": True, **kw})
     if a.features:
         return features_only(a.out, a.workers, a.quick, argv, log)
     configs, correctness = check_everything(a.workers, a.quick, a.explore, log)
@@ -414,7 +414,7 @@ def main(argv=None) -> int:
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: out.write_text(json.dumps(result, indent=1) + "\n")  # noqa: E731  (after every phase)
+    save = lambda: out.write_text(json.dumps(result, indent=1) + "\n")
     save()
     if a.explore:
         result["explore"] = explore(log=log)

@@ -78,7 +78,7 @@ def _rows(case, seed, o, lse, grads, ref, low, extra):
     dq, dk, dv) and the same-precision (o, dq, dk, dv)."""
 
     dtype = case["dtype"]
-    rule = lambda e, e_low: dtype == "float32" or e <= 2 * e_low + 1e-6  # noqa: E731
+    rule = lambda e, e_low: dtype == "float32" or e <= 2 * e_low + 1e-6
     row = {
         "impl": "flashedu-triton",
         **{key: case[key] for key in ("dtype", "d", "d_v", "causal", "H", "H_kv")},

@@ -25,7 +25,6 @@ import torch
 from .._env import ROOT
 from .results import meta, write
 
-SETTINGS = ("plain causal", "alibi causal", "softcap 30", "documents")
 IMPLS = ("flex-compiled", "flashedu-triton", "sdpa")
 RESULTS_FILE = ROOT / "notebooks" / "results" / "h200_practice.json"
 
@@ -89,7 +88,7 @@ def _settings(B, H, N, d, device):
         return create_block_mask(mask_mod, None, None, N, N, device=device)
 
     def packed(q, k, v):
-        to_p = lambda x: x[0].transpose(0, 1).contiguous()  # noqa: E731  (1, H, N, d) -> (N, H, d)
+        to_p = lambda x: x[0].transpose(0, 1).contiguous()
         args = (to_p(q), to_p(k), to_p(v), cuts, cuts, N, N)
         return lambda: triton_varlen.forward(*args)[0]
 

@@ -185,7 +185,7 @@ def rmse(o, o_ref) -> float:
     """Root-mean-square error sqrt(mean((o - o_ref)^2)) over every element, in float64 (FA3's
     measure, s4.3)."""
     to64 = lambda x: np.asarray(
-        x.detach().double().cpu() if isinstance(x, torch.Tensor) else x,  # noqa: E731
+        x.detach().double().cpu() if isinstance(x, torch.Tensor) else x,
         np.float64,
     )
     a, b = to64(o), to64(o_ref)

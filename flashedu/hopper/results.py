@@ -39,7 +39,7 @@ def steps_table(result: dict) -> str:
     Introduced in notebooks/11_hopper.ipynb.
     """
     lines = [f"{'step':<18}{'fwd':>7}{'fwd+bwd':>9}{'causal':>8}  expected -> note"]
-    fmt = lambda x: f"{x:.0f}" if isinstance(x, (int, float)) else "-"  # noqa: E731
+    fmt = lambda x: f"{x:.0f}" if isinstance(x, (int, float)) else "-"
     for s in result["steps"]:
         lines.append(
             f"{s['name'][:17]:<18}{fmt(s.get('fwd_tflops')):>7}"
@@ -67,7 +67,7 @@ def rows_table(result: dict) -> str:
         key = (r["dtype"], r["d"], r["N"], r["pass"], r["causal"])
         by.setdefault(key, {})[r["kernel"]] = r["tflops"]
     mm = (result.get("matmul_tflops") or {}).get("bf16")
-    ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+    ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
     names = "".join(f"{_SHORT.get(k, k[:7]):>8}" for k in kernels)
     lines = [f"{'setting':<33}{names}{'vs cudnn':>9}{'vs mm':>7}"]
     for (dtype, d, N, pass_, causal), rates in sorted(by.items(), key=str):

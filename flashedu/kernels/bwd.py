@@ -22,8 +22,8 @@ needs its gradient (`ScoreMod.grad`, or `additive=True`).
 from __future__ import annotations
 
 import torch
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 from ..validation import check_backward
 from .common import block_range, visible
@@ -465,12 +465,12 @@ def run_backward(
     )  # fmt: skip
     mod_args = pl.mod_pointer(lse)
     if "dkdv" in kernels:
-        grid = lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), pl.B * pl.H_kv)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), pl.B * pl.H_kv)
         args = (q, k, v, do, lse, delta, dk, dv, mod_args, cu_q, cu_k, *common,
                 *strides(dk, packed), *strides(dv, packed), *tail)  # fmt: skip
         launch(_attn_bwd_dkdv_tuned, attn_bwd_dkdv, grid, args, flags, cfg_dkdv)
     if "dq" in kernels:
-        grid = lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), pl.B * pl.H)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), pl.B * pl.H)
         args = (q, k, v, do, lse, delta, dq, mod_args, cu_q, cu_k, *common,
                 *strides(dq, packed), *tail)  # fmt: skip
         launch(_attn_bwd_dq_tuned, attn_bwd_dq, grid, args, flags, cfg_dq)

@@ -12,8 +12,8 @@ Introduced in notebooks/06_triton_forward.ipynb.
 
 from __future__ import annotations
 
-import triton  # noqa: E402  (after flashedu._env, which may set TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453  # lse = lse_2 * ln(2)

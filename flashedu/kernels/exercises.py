@@ -26,8 +26,8 @@ from __future__ import annotations
 import inspect
 
 import torch
-import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 from .launch import INTERPRETER, check_inputs, rows_contiguous
 

@@ -38,8 +38,8 @@ Introduced in notebooks/06_triton_forward.ipynb (forward) and notebooks/07_trito
 from __future__ import annotations
 
 import torch
-import triton  # noqa: E402  (after _env, which may set TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 from .common import block_range, visible
 from .launch import (
@@ -237,7 +237,7 @@ def run_forward(q, k, v, pl: Plan, config, cu=None, max_seqlen_q=None, out=None)
         n_key(pl.N_q, pl.N_k) if cu is None else n_key(max_seqlen_q, max_seqlen_q),
     )  # fmt: skip
     rows = pl.N_q if cu is None else max_seqlen_q
-    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), pl.B * pl.H)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), pl.B * pl.H)
     kw = dict(pl.flags, SCALE_POS=pl.scale >= 0)
     launch(_attn_fwd_tuned, _attn_fwd, grid, args, kw, config)
     return o.to(q.dtype), lse

@@ -21,8 +21,8 @@ or fp32; d in {16, 32, 64, 128, 256}.
 from __future__ import annotations
 
 import torch
-import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 from ..masks import band
 from .common import LOG2E, visible

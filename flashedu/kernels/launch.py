@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton  # noqa: E402  (after _env, which may set TRITON_INTERPRET)
-import triton.testing  # noqa: E402
+import triton
+import triton.testing
 
 from .. import _env
 from ..validation import check_causal, check_qkv, check_slopes, check_window, resolve_scale

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton  # noqa: E402  (after flashedu._env, which may set TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 from triton.runtime.jit import KernelInterface
 
 

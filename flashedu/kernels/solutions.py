@@ -20,8 +20,8 @@ Introduced in notebooks/06_triton_forward.ipynb (forward) and notebooks/07_trito
 from __future__ import annotations
 
 import torch
-import triton  # noqa: E402  (after flashedu, which sets the interpreter flag when there is no GPU)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 from .exercises import (
     dkdv_head,

@@ -17,8 +17,8 @@ Introduced in notebooks/06_triton_forward.ipynb.
 
 from __future__ import annotations
 
-import triton  # noqa: E402  (after flashedu._env, which may set TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 MAX_HEAD_DIM = 256
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..masks import keys_in_blocks, kv_block_spans
+from ..validation import check_order
 from .hardware import attention_flops, check_mask, roofline
 from .ledger import Traffic, combine
 from .ledger import check_sizes as _sizes
@@ -88,15 +89,6 @@ on (163 KB of shared memory per thread block at most, part of which a real kerne
 and registers)."""
 
 
-def _check_order(order: str) -> str:
-    if order not in ("fa1", "fa2"):
-        raise ValueError(
-            f"order must be 'fa2' (outer loop over query blocks) or 'fa1' (outer loop over "
-            f"K/V blocks), got {order!r}"
-        )
-    return order
-
-
 @dataclass(frozen=True)
 class _Tiles:
     """Sums over the visible tiles, in rows and keys (Python ints: no overflow at any N)."""
@@ -151,7 +143,7 @@ def flash_forward(
     `triton_forward_extra`). Every (batch, head) pair reads its own tiles, so with GQA K and V
     count H times. O(number of query blocks) time.
     """
-    _check_order(order)
+    check_order(order, name="flash_forward")
     _sizes(
         "flash_forward",
         B=B,

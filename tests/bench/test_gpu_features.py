@@ -36,11 +36,11 @@ def test_comparators_agree_with_the_reference(rng):
     do = torch.from_numpy(rng.standard_normal((1, 2, 9, 4)))
     opts = dict(causal=True, window=None, scale=0.7)
     cap = gpu_features.SOFTCAP
-    softcap = lambda s: cap * torch.tanh(s / cap)  # noqa: E731
+    softcap = lambda s: cap * torch.tanh(s / cap)
     exact = oracles.float64_attention(q, k, v, do, slopes=None, mod=softcap, **opts)
     low = oracles.lowp_attention(q, k, v, do, mod=softcap, **opts)  # float64 in, float64 out
     kw = dict(causal=True, softmax_scale=0.7, score_mod=lambda s, *_: cap * np.tanh(s / cap))
-    grad = lambda s, *_: 1 - np.tanh(s / cap) ** 2  # noqa: E731
+    grad = lambda s, *_: 1 - np.tanh(s / cap) ** 2
     ref = (*reference.forward(q, k, v, **kw), *reference.backward(do, q, k, v, **kw,
            score_mod_grad=grad))  # fmt: skip
     for name, x, r in zip(("o", "lse", "dq", "dk", "dv"), exact, ref):

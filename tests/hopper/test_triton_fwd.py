@@ -149,7 +149,7 @@ def test_rotation_spreads_an_outlier_channel():
     x = torch.randn(256, 64)
     x[:, 5] *= 50  # one outlier channel
     r = th.hadamard(64, generator=torch.Generator().manual_seed(0))
-    peak = lambda t: (t.abs().max() / t.pow(2).mean().sqrt()).item()  # noqa: E731
+    peak = lambda t: (t.abs().max() / t.pow(2).mean().sqrt()).item()
     assert peak(x @ r) < peak(x) / 3
 
 

@@ -7,13 +7,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 from flashedu import kernels, traffic
 from flashedu.kernels import bwd as triton_backward
-from flashedu.testing import random_qkv  # noqa: E402
-from flashedu.traffic import kernel_bytes  # noqa: E402
+from flashedu.testing import random_qkv
+from flashedu.traffic import kernel_bytes
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0:DeprecationWarning"

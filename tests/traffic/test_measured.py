@@ -8,15 +8,14 @@ import threading
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from flashedu import (
     kernels,
-    traffic,  # noqa: F401  (sets TRITON_INTERPRET first)
+    traffic,
 )
 from flashedu.traffic.measured import model_name
-
-import triton  # noqa: E402  isort: skip
-import triton.language as tl  # noqa: E402  isort: skip
 
 
 def _qkv(B, H, N_q, N_k, d, dtype=torch.float16, seed=0):
