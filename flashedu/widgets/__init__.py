@@ -1,7 +1,7 @@
 """Interactive views of HBM/SRAM traffic (ipywidgets), thin front-ends over `flashedu.viz`.
 
 * `explorer`: `traffic_explorer` (sliders for N, d, dtype, tiles, SRAM, GPU preset, algorithm),
-  `roofline_plot`, `tile_stepper` (the ledger `tiled.forward` fills, tile by tile).
+  `roofline_plot`. `stepper`: `tile_stepper` (the ledger `tiled.forward` fills, tile by tile).
 * `measured`: `measured_explorer`, a Triton kernel's measured bytes beside the closed form.
 
 Every number a widget shows comes from a pure function the tests check without a browser.
@@ -12,17 +12,14 @@ from __future__ import annotations
 
 from .explorer import (
     RooflinePlot,
-    TileStepper,
     TrafficExplorer,
     explorer_details_html,
     explorer_html,
-    measured_step_html,
     roofline_plot,
-    stepper_html,
-    tile_stepper,
     traffic_explorer,
 )
 from .measured import MeasuredExplorer, measured_explorer
+from .stepper import TileStepper, measured_step_html, stepper_html, tile_stepper
 
 __all__ = [
     "MeasuredExplorer",
