@@ -1,7 +1,7 @@
 """matplotlib figures the chapters draw, as pure functions: one namespace, `viz.X`.
 
-* `explorer`: the numbers and drawings behind the traffic widgets (`explorer_state`,
-  `roofline_points`, `stepper_frames`, `draw_traffic`, `draw_roofline`, `draw_tiles`, ...).
+* `explorer`: the numbers behind the traffic widgets (`explorer_state`, `roofline_points`,
+  `stepper_frames`, ...); `draw`: their drawings (`draw_traffic`, `draw_roofline`, `draw_tiles`).
 * `figures`: block maps of a mask, the measured TFLOP/s panels, the CPU benchmark table.
 * `flashedu.traffic.replay` (re-exported here): a measured kernel run drawn program by program.
 
@@ -11,21 +11,23 @@ Introduced in notebooks/00_memory_hierarchy.ipynb.
 from __future__ import annotations
 
 from ..traffic.replay import draw_measured, draw_program, measured_state, program_frames
-from .explorer import (
-    ALGORITHMS,
+from .draw import (
     FLASH,
-    ITEMSIZE,
     STANDARD,
-    TILE_RULES,
     byte_unit,
-    default_tiles,
     describe,
     draw_roofline,
     draw_tiles,
     draw_traffic,
-    explorer_state,
     fmt_time,
     png,
+)
+from .explorer import (
+    ALGORITHMS,
+    ITEMSIZE,
+    TILE_RULES,
+    default_tiles,
+    explorer_state,
     roofline_points,
     stepper_frames,
 )
