@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent / "notebooks" / "results" / "h200_hopper.json"
+from .._env import ROOT
+
+RESULTS = ROOT / "notebooks" / "results" / "h200_hopper.json"
 
 
 def load_results(path: str | Path | None = None) -> dict | None:

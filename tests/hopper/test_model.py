@@ -377,3 +377,8 @@ def test_rmse_crest_and_outlier_inputs():
     assert (
         1.05 < a[0].var().item() < 1.15 and 0.95 < plain[0].var().item() < 1.05
     )  # 1 + 0.001 * 100
+
+
+def test_the_committed_hopper_results_are_found_from_the_package():
+    assert hopper_results.RESULTS.exists(), hopper_results.RESULTS
+    assert hopper_results.load_results()["rows"]
