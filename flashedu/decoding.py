@@ -382,7 +382,7 @@ def triton_forward(
         raise ValueError(
             f"{name}: H / H_kv * N_q = {group} * {N_q} query rows exceed the {MAX_ROWS} one "
             "program holds; split-KV decoding is for a few query rows "
-            "(use triton_attention.forward)"
+            "(use kernels.forward)"
         )
     block_n = 16 if INTERPRETER and block_n is None else block_n or 64
     if not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):

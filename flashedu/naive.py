@@ -52,7 +52,7 @@ def _store(x: np.ndarray, dtype, what: str, name: str) -> np.ndarray:
                 f"{FLOAT16_MAX:.0f}; naive attention stores {what} in the input dtype, so it "
                 "would hold inf and the output NaN. Use float32 inputs or a smaller "
                 "softmax_scale, or an implementation that keeps S in a float32 tile on chip "
-                "(tiled, triton_attention)"
+                "(tiled, kernels)"
             )
     return x.astype(dtype)
 

@@ -54,8 +54,8 @@ def _settings(B, H, N, d, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
     from .. import kernels
-    from ..kernels import score_mods as triton_mods
-    from ..kernels import varlen as triton_varlen
+    from ..kernels import score_mods
+    from ..kernels import varlen as kernel_varlen
 
     i = torch.arange(N, device=device)
     causal = i[None, :] <= i[:, None]
@@ -90,7 +90,7 @@ def _settings(B, H, N, d, device):
     def packed(q, k, v):
         to_p = lambda x: x[0].transpose(0, 1).contiguous()
         args = (to_p(q), to_p(k), to_p(v), cuts, cuts, N, N)
-        return lambda: triton_varlen.forward(*args)[0]
+        return lambda: kernel_varlen.forward(*args)[0]
 
     def softcapped(q, k, v):
         s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
@@ -109,9 +109,7 @@ def _settings(B, H, N, d, device):
             ref=lambda q, k, v: _reference(q, k, v, alibi),
             flex=(alibi_mod, block(causal_mask)),
             flashedu=lambda q, k, v: (
-                lambda: kernels.forward(q, k, v, causal=True, score_mod=triton_mods.alibi(slopes))[
-                    0
-                ]
+                lambda: kernels.forward(q, k, v, causal=True, score_mod=score_mods.alibi(slopes))[0]
             ),
             sdpa=lambda q, k, v: (
                 lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -125,7 +123,7 @@ def _settings(B, H, N, d, device):
             # inside the compiled call, which inductor failed to lower on the H200
             flex=(softcap_mod, block(everything)),
             flashedu=lambda q, k, v: (
-                lambda: kernels.forward(q, k, v, score_mod=triton_mods.softcap(cap))[0]
+                lambda: kernels.forward(q, k, v, score_mod=score_mods.softcap(cap))[0]
             ),
             sdpa=None,
         ),

@@ -22,7 +22,7 @@ Two things the compiler (ptxas) forces on the code, both explained where they ha
 Two S tiles live at once (one in the softmax, one in flight), which is what limits the tile: at
 d = 128 the key block is 64 wide (BLOCK_N = 128 needs more than 255 registers a thread).
 
-Everything else mirrors `triton_hopper.forward` (same contract, same masking and the same results
+Everything else mirrors `triton_fwd.forward` (same contract, same masking and the same results
 up to rounding): one program owns BLOCK_M query rows of one (batch, head); keys stream past in
 blocks of BLOCK_N, first the blocks every row sees in full (no mask arithmetic), then the blocks
 on the causal diagonal or the ragged end of the sequence (masked); blocks no row sees are never
@@ -254,7 +254,7 @@ def _attend_pair(
 def _key_ranges(
     m0, N_q, N_k, offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 ):
-    """Block-aligned (full_hi, hi), as in triton_hopper: keys [0, full_hi) are visible to every
+    """Block-aligned (full_hi, hi), as in triton_fwd: keys [0, full_hi) are visible to every
     row of the block, keys [full_hi, hi) need the mask (diagonal, ragged end), keys past hi are
     seen by no row."""
     hi = N_k
@@ -459,7 +459,7 @@ def check_config(cfg, name="hopper.gluon_fwd.forward") -> tuple:
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, config=None):
     """Exact attention, forward only, through the Gluon kernel (same contract as
-    `triton_hopper.forward`). config = (BLOCK_M, BLOCK_N, num_warps, num_stages).
+    `triton_fwd.forward`). config = (BLOCK_M, BLOCK_N, num_warps, num_stages).
     Returns o (B, H, N_q, d) in q's dtype and lse (B, H, N_q) float32."""
     name = "hopper.gluon_fwd.forward"
     (B, H, H_kv, N_q, N_k, d), scale = check_inputs(q, k, v, causal, softmax_scale, name)
@@ -468,7 +468,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, config=None):
     if interpreting() or q.device.type != "cuda":
         raise HopperUnsupported(
             f"{name}: q, k, v must be CUDA tensors on an sm_90 GPU, got device {q.device} "
-            "(Gluon kernels do not run under TRITON_INTERPRET=1; triton_hopper.forward does)"
+            "(Gluon kernels do not run under TRITON_INTERPRET=1; triton_fwd.forward does)"
         )
     q3 = q.contiguous().view(B * H, N_q, d)  # 3-D views: (batch * heads, N, d)
     k3 = k.contiguous().view(B * H_kv, N_k, d)

@@ -11,11 +11,11 @@ adds:
     P^T  = exp(scale K Q^T - lse)        dV += P^T dO          dP^T = V dO^T
     dS^T = P^T * (dP^T - D)              dK += dS^T Q          dQ  += dS K   (atomic, fp32)
 
-with D = rowsum(dO * O) from `triton_backward.preprocess`. The price: dQ's read-modify-write
+with D = rowsum(dO * O) from `bwd.preprocess`. The price: dQ's read-modify-write
 traffic goes through L2 (one BLOCK_M x d float32 tile per pair), and the order of the additions,
 so dQ's last bits, can change from run to run; the FA2 kernels stay deterministic.
 
-Contract: as `triton_hopper.forward` (fp16/bf16, d 64 or 128, GQA, bottom-right causal, any
+Contract: as `triton_fwd.forward` (fp16/bf16, d 64 or 128, GQA, bottom-right causal, any
 N_q, N_k >= 1); do and o (B, H, N_q, d), lse (B, H, N_q) float32 from the forward. Fully masked
 rows (lse = -inf) get zero gradients. Off Hopper it raises `HopperUnsupported`; under
 TRITON_INTERPRET=1 it runs on CPU tensors with 16 x 16 tiles (fp32 dots, as the forward).
@@ -167,7 +167,7 @@ def backward(
     """Gradients (dq, dk, dv) of sum(o * do) through the Hopper backward kernel.
 
     Args:
-        do, o: (B, H, N_q, d); q, k, v and the options as given to `triton_hopper.forward`;
+        do, o: (B, H, N_q, d); q, k, v and the options as given to `triton_fwd.forward`;
         lse: (B, H, N_q) float32, the forward's.
         config: (BLOCK_M, BLOCK_N, num_warps, num_stages), default `config_for`.
         tma_reduce: add dQ tiles through the copy engine (`cp.reduce.async.bulk`); False: one
@@ -175,7 +175,7 @@ def backward(
     Returns:
         dq (B, H, N_q, d), dk and dv (B, H_kv, N_k, d) in q's dtype; zero for fully masked rows.
     Raises:
-        HopperUnsupported (a ValueError) where `triton_hopper.forward` would.
+        HopperUnsupported (a ValueError) where `triton_fwd.forward` would.
     """
     name = "hopper.triton_bwd.backward"
     (B, H, H_kv, N_q, N_k, d), scale = check_inputs(q, k, v, causal, softmax_scale, name)

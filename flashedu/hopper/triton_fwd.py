@@ -456,7 +456,8 @@ def quantize_channels_t(v: torch.Tensor):
 def quantize_fp8(q, k, v, *, rotate=False, generator=None, block_m=None, block_n=None):
     """fp16/bf16 (q, k, v) -> `Fp8Inputs` for `forward_fp8`; with `rotate`, Q and K are first
     multiplied by one random `hadamard` rotation (scores unchanged, outliers spread out)."""
-    (B, H, H_kv, N_q, N_k, d), _ = check_inputs(q, k, v, False, None, "triton_hopper.quantize_fp8")
+    name = "hopper.triton_fwd.quantize_fp8"
+    (B, H, H_kv, N_q, N_k, d), _ = check_inputs(q, k, v, False, None, name)
     cfg = config_for(d, False, fp8=True)
     block_m, block_n = block_m or cfg[0], block_n or cfg[1]
     if rotate:
@@ -475,7 +476,7 @@ def forward_fp8(
     Returns (o (B, H, N_q, d) in out_dtype, lse (B, H, N_q) float32). A given config's block sizes
     must be the ones the scales were made for; by default `config_for`'s warps and stages run with
     the scales' blocks."""
-    name = "triton_hopper.forward_fp8"
+    name = "hopper.triton_fwd.forward_fp8"
     if not isinstance(x, Fp8Inputs):
         raise TypeError(f"{name}: x must be the Fp8Inputs of quantize_fp8, got {type(x).__name__}")
     if not isinstance(causal, bool):

@@ -14,7 +14,7 @@ queries and streams keys. Each recomputes S and dP, so the pair does 7 block mat
 pass with atomic dQ updates does 5: the price of a deterministic result with no read-modify-write
 traffic on dQ.
 
-Introduced in notebooks/07_triton_backward.ipynb. Supports what `triton_attention.forward` supports
+Introduced in notebooks/07_triton_backward.ipynb. Supports what `kernels.forward` supports
 (any head dims d and d_v up to 256, packed sequences through `flashedu.kernels.varlen`); a score mod
 needs its gradient (`ScoreMod.grad`, or `additive=True`).
 """
@@ -342,7 +342,7 @@ def attn_bwd_dq(
 
 def dkdv_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) for the dK/dV kernel (BLOCK_N keys per program, BLOCK_M
-    queries a step) at tile width d; as `triton_attention.fwd_table`, the first entry runs untuned
+    queries a step) at tile width d; as `fwd.fwd_table`, the first entry runs untuned
     and the GPU check checks every entry."""
     if wide:
         return [(16, 64, 8, 1)] if d <= 128 else [(16, 16, 4, 1)]
@@ -355,7 +355,7 @@ def dkdv_table(d, wide):
 
 def dq_table(d, wide):
     """(BLOCK_M, BLOCK_N, warps, stages) for the dQ kernel (BLOCK_M queries per program, BLOCK_N
-    keys a step) at tile width d; as `triton_attention.fwd_table`, the first entry runs untuned
+    keys a step) at tile width d; as `fwd.fwd_table`, the first entry runs untuned
     and the GPU check checks every entry."""
     if wide:
         return [(32, 16, 4, 2)]
@@ -368,7 +368,7 @@ def dq_table(d, wide):
 
 _attn_bwd_dkdv_tuned = autotuned(attn_bwd_dkdv, dkdv_table, MASK_KEY)
 _attn_bwd_dq_tuned = autotuned(attn_bwd_dq, dq_table, MASK_KEY)
-# The autotuned kernels by pass, for the GPU check (as `triton_attention.AUTOTUNED`).
+# The autotuned kernels by pass, for the GPU check (as `fwd.AUTOTUNED`).
 AUTOTUNED = {"dkdv": _attn_bwd_dkdv_tuned, "dq": _attn_bwd_dq_tuned}
 
 
@@ -393,8 +393,8 @@ def backward(
     """Gradients (dq, dk, dv) of sum(o * do), recomputing P from the forward's lse.
 
     Args: do, o: (B, H, N_q, d_v) like the forward's o; lse: (B, H, N_q) float32 from
-        `triton_attention.forward` with the same options. Everything else as in
-        `triton_attention.forward`; a score_mod needs its gradient (`triton_mods.ScoreMod`).
+        `kernels.forward` with the same options. Everything else as in
+        `kernels.forward`; a score_mod needs its gradient (`score_mods.ScoreMod`).
     Returns: dq (B, H, N_q, d), dk (B, H_kv, N_k, d) and dv (B, H_kv, N_k, d_v) in the inputs'
         dtype; zero for fully masked rows.
     """
@@ -436,7 +436,7 @@ def _grad_flags(pl: Plan, name: str) -> dict:
     if mod is not None and mod.grad is None and not mod.additive:
         raise NotImplementedError(
             f"{name}: score_mod {mod.name!r} has no gradient: pass "
-            "triton_mods.ScoreMod(fn, grad=...) with d fn / d score, or additive=True when fn "
+            "score_mods.ScoreMod(fn, grad=...) with d fn / d score, or additive=True when fn "
             "adds a bias that does not depend on the score"
         )
     has_grad = mod is not None and mod.grad is not None
@@ -448,7 +448,7 @@ def run_backward(
     max_seqlen=None, name="kernels.backward",
 ):  # fmt: skip
     """Preprocess, then the dK/dV and dQ kernels, each with a fixed config or autotuned (config
-    None). Packed sequences: as `triton_attention.run_forward`, with max_seqlen = (q's, k's)."""
+    None). Packed sequences: as `fwd.run_forward`, with max_seqlen = (q's, k's)."""
     flags = _grad_flags(pl, name)
     q, k, v, o, do = (rows_contiguous(x) for x in (q, k, v, o, do))
     lse = lse.contiguous()

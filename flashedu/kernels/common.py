@@ -5,7 +5,7 @@ The forward kernel (`flashedu.kernels.fwd`), the backward kernels (`flashedu.ker
 split-KV decoding (`flashedu.decoding`) and the teaching kernels (`flashedu.kernels.intro`) all call
 these, so the mask rule lives in one place. Everything is in base 2 where the kernels are:
 `LOG2E` folds log2(e) into the scale so exp becomes exp2, and `LN2` turns a base-2 log-sum-exp back
-into natural units. The host twin of `block_range` is `triton_intro.kv_range`.
+into natural units. The host twin of `block_range` is `intro.kv_range`.
 
 Introduced in notebooks/06_triton_forward.ipynb.
 """

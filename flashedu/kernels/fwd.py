@@ -194,7 +194,7 @@ def _attn_fwd(
 # one fixed config under the interpreter
 # --------------------------------------------------------------------------------------------------
 def fwd_table(d, wide):
-    """(BLOCK_M, BLOCK_N, warps, stages) candidates for tile width d (`triton_launch.tile_width`);
+    """(BLOCK_M, BLOCK_N, warps, stages) candidates for tile width d (`launch.tile_width`);
     the first is used untuned (fp32, head dims other than 64 and 128, Ev != E, window, score mod,
     packed sequences). Chosen from sm_90 compiles without register spills and H200 timings
     (notebooks/results/GPU_NOTES.md); the 16, 32 and 256 rows are the safe first entries only.
@@ -272,9 +272,9 @@ def forward(
         window_size: (left, right) keys visible around the diagonal, -1 = unbounded; see
             `masks.visible`.
         alibi_slopes: (H,) or (B, H); adds -slope * |i + N_k - N_q - j| to the scaled scores
-            (the score mod `triton_mods.alibi`).
+            (the score mod `score_mods.alibi`).
         score_mod: a `@triton.jit` function (score, b, h, q_idx, kv_idx, args) -> score applied to
-            every tile of scaled scores, or a `triton_mods.ScoreMod` (with args and a gradient);
+            every tile of scaled scores, or a `score_mods.ScoreMod` (with args and a gradient);
             see `flashedu.kernels.score_mods`.
         block_m, block_n, num_warps, num_stages: a fixed launch config (B_r, B_c in the paper)
             instead of the autotuned one; block sizes are powers of two >= 16.

@@ -9,7 +9,7 @@ P = exp(S - lse): how the backward kernels rebuild P from the saved log-sum-exp 
 kernels compute it). Both materialise (N_q, N_k) arrays, which is what FlashAttention avoids: they
 exist to be read, run and checked, not to be fast.
 
-`kv_range` is the plain-Python twin of the kernels' `triton_common.block_range`: which key blocks a
+`kv_range` is the plain-Python twin of the kernels' `common.block_range`: which key blocks a
 block of query rows skips, which it must mask and which it sees whole
 (tests/kernels/test_attention.py holds the two equal).
 
@@ -178,7 +178,7 @@ def kv_range(
     over for query rows first..last (inclusive). Keys [full_lo, full_hi) are visible to every one of
     those rows and need no mask; [lo, full_lo) and [full_hi, hi) need the mask (a window's left
     edge, the causal diagonal, the ragged last block); keys outside [lo, hi) are never loaded. The
-    kernel computes the same in `triton_common.block_range`."""
+    kernel computes the same in `common.block_range`."""
     off, left, right = band(N_q, N_k, causal=causal, window_size=window_size)
     lo, full_lo, full_hi, hi = 0, 0, N_k, N_k
     if left >= 0:  # row i sees keys >= i + off - left

@@ -1,6 +1,6 @@
 """Launch plumbing for the Triton kernels: validation, autotuning, fixed configs, flags.
 
-Every misuse of `triton_attention.forward` / `backward` fails here before any launch, with the
+Every misuse of `kernels.forward` / `backward` fails here before any launch, with the
 argument and the value named (shapes via `flashedu.validation`, then dtype, head dim, device,
 window,
 ALiBi slopes, score mod). `plan` turns one validated call into what the kernels take: sizes, the
@@ -25,7 +25,7 @@ import triton.testing
 
 from .. import _env
 from ..validation import check_causal, check_qkv, check_slopes, check_window, resolve_scale
-from . import score_mods as triton_mods
+from . import score_mods
 from .tiles import MAX_HEAD_DIM, pad_dim
 
 INTERPRETER = _env.INTERPRETER
@@ -125,7 +125,7 @@ def launch_config(block_m=None, block_n=None, num_warps=None, num_stages=None) -
     block_n = _FIXED["BLOCK_N"] if block_n is None else block_n
     for arg, val in (("block_m", block_m), ("block_n", block_n)):
         if not isinstance(val, int) or val < 16 or val & (val - 1):
-            raise ValueError(f"triton_attention: {arg} must be a power of two >= 16, got {val!r}")
+            raise ValueError(f"kernels: {arg} must be a power of two >= 16, got {val!r}")
     warps = num_warps or (8 if block_m * block_n >= 128 * 128 else 4)
     return dict(
         BLOCK_M=block_m,
@@ -186,7 +186,7 @@ class Plan:
     scale: float
     left: int  # keys visible left / right of the diagonal, when HAS_LEFT / HAS_RIGHT
     right: int
-    mod: triton_mods.ScoreMod | None
+    mod: score_mods.ScoreMod | None
     mod_args: torch.Tensor | None  # float32 rows, one per (b, h), or None
     stride_ab: int
     stride_ah: int
@@ -205,7 +205,7 @@ def plan(q, k, v, causal, softmax_scale, window_size, alibi_slopes, score_mod, n
     )
     B, H, H_kv, N_q, N_k, d = dims
     B = B if batch is None else batch
-    mod, args, stride_ab, stride_ah = triton_mods.resolve(score_mod, slopes, B, H, q.device, name)
+    mod, args, stride_ab, stride_ah = score_mods.resolve(score_mod, slopes, B, H, q.device, name)
     flags, left, right = kernel_flags(q, scale, bounds, False)
     flags.pop("HAS_ALIBI")
     d_v = v.shape[-1]
@@ -213,7 +213,7 @@ def plan(q, k, v, causal, softmax_scale, window_size, alibi_slopes, score_mod, n
         V_DIM=d_v,
         BLOCK_D=pad_dim(d),
         BLOCK_DV=pad_dim(d_v),
-        SCORE_MOD=triton_mods.identity if mod is None else mod.fn,
+        SCORE_MOD=score_mods.identity if mod is None else mod.fn,
         HAS_MOD=mod is not None,
         VARLEN=batch is not None,
     )

@@ -122,7 +122,7 @@ def resolve(score_mod, alibi_slopes, B: int, H: int, device, name: str):
     if score_mod is not None and alibi_slopes is not None:
         raise ValueError(
             f"{name}: give alibi_slopes or score_mod, not both (ALiBi is the score mod "
-            "triton_mods.alibi(slopes); write one mod that does both)"
+            "score_mods.alibi(slopes); write one mod that does both)"
         )
     if alibi_slopes is not None:
         score_mod = alibi(alibi_slopes)
@@ -132,7 +132,7 @@ def resolve(score_mod, alibi_slopes, B: int, H: int, device, name: str):
         score_mod = ScoreMod(score_mod, name=getattr(score_mod, "__name__", "score_mod"))
     if not isinstance(score_mod, ScoreMod):
         raise TypeError(
-            f"{name}: score_mod must be a @triton.jit function or a triton_mods.ScoreMod, "
+            f"{name}: score_mod must be a @triton.jit function or a score_mods.ScoreMod, "
             f"got {type(score_mod).__name__}"
         )
     args = score_mod.args if score_mod.args is not None else torch.zeros(1)

@@ -71,7 +71,7 @@ def forward(
         q: (total_q, H, d); k, v: (total_k, H_kv, d), H % H_kv == 0; cu_seqlens_q, cu_seqlens_k:
             (n + 1,) int32 (or int64) prefix sums of the sequence lengths; max_seqlen_q,
             max_seqlen_k: at least the longest sequence. The options as in
-            `triton_attention.forward`, per sequence (alibi_slopes of shape (H,)).
+            `kernels.forward`, per sequence (alibi_slopes of shape (H,)).
     Returns:
         o: (total_q, H, d) in q's dtype, 0 on rows that see nothing; lse: (H, total_q) float32.
     """

@@ -191,7 +191,7 @@ def triton_forward_extra(
     window_size: tuple[int, int] | None = None,
     itemsize: int = 2,
 ) -> Traffic:
-    """What `triton_attention.forward` moves beyond `flash_forward` (FA2 order): it loads Q_i for
+    """What `kernels.forward` moves beyond `flash_forward` (FA2 order): it loads Q_i for
     every query block, also one that sees no key (causal with N_q > N_k, or a window), to write
     its zero output. Zero bytes whenever every query block sees a key."""
     _sizes("triton_forward_extra", B=B, H=H, N_q=N_q, N_k=N_k, d=d, itemsize=itemsize)
@@ -226,7 +226,7 @@ def flash_backward(
     Q_i, dO_i, lse_i, D_i and read-modify-write dQ_i (an atomic add on a GPU); write dK_j, dV_j.
     Finally read the dQ accumulator and write dQ in the input dtype. With GQA (H_kv < H) each query
     head writes its own dK, dV, which one more pass sums into the H_kv heads.
-    variant="two_pass" (`triton_attention.backward`): no accumulator and no atomics. A dK/dV pass,
+    variant="two_pass" (`kernels.backward`): no accumulator and no atomics. A dK/dV pass,
     one program per K/V block and K/V head, reads K_j, V_j (every block, as the kernel does) and,
     for each query head of its group and each visible tile, Q_i, dO_i, lse_i, D_i; it writes dK_j,
     dV_j once per K/V head. A dQ pass, one program per query block and head, reads Q_i, dO_i,

@@ -232,7 +232,7 @@ def measure(per_program: bool = False) -> Measurement:
     the `with` block, by argument tensor and direction, unmasked elements only.
 
         with traffic.measure() as m:
-            triton_attention.forward(q, k, v, block_m=16, block_n=16)
+            kernels.forward(q, k, v, block_m=16, block_n=16)
         m.ledger.traffic() == traffic.flash_forward(..., block_m=16, block_n=16)
 
     Raises MeasureError on entry when Triton is not running kernels in its interpreter
