@@ -7,15 +7,17 @@ Every implementation module shares one contract (see `flashedu.registry`):
 
 with layout (B, H, N, d). `flashedu.attention` is the autograd-aware torch entry point and
 `flashedu.scaled_dot_product_attention` a drop-in for PyTorch's; `flashedu.attention_varlen` takes
-packed sequences in flash-attn's layout. Submodules load on first use.
+packed sequences in flash-attn's layout. Submodules load when imported (`from flashedu import
+tiled`); `import flashedu` does not import triton. flashedu/README.md maps the folders to the
+chapters.
 """
 
 from __future__ import annotations
 
-import importlib
-
-from . import _env  # sets TRITON_INTERPRET=1 when there is no GPU, before triton loads
+from . import _env  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, before triton loads)
+from .api import attention, scaled_dot_product_attention
 from .registry import IMPLEMENTATIONS
+from .varlen import attention_varlen
 
 __version__ = "0.1.0"
 __all__ = [
@@ -25,19 +27,3 @@ __all__ = [
     "scaled_dot_product_attention",
     "__version__",
 ]
-
-# public function -> the module that defines it
-_API = {"attention": ".api", "scaled_dot_product_attention": ".api", "attention_varlen": ".varlen"}
-
-
-def __getattr__(name: str):
-    if name in _API:
-        return getattr(importlib.import_module(_API[name], __name__), name)
-    try:
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as e:
-        if e.name == f"{__name__}.{name}":
-            raise AttributeError(f"module 'flashedu' has no attribute {name!r}") from None
-        if _env.is_triton_missing(e) and not isinstance(e, _env.TritonUnavailable):
-            raise _env.TritonUnavailable(f"flashedu.{name}") from None
-        raise

@@ -4,8 +4,8 @@ repository's root.
 
 Triton's interpreter (`TRITON_INTERPRET=1`) runs the same `@triton.jit` kernels on CPU tensors, so
 the course's Triton chapters work on a laptop. The variable is read when `triton.jit` decorates a
-kernel, so it has to be set before any kernel module is imported. We set it only when no CUDA device
-exists and the user has not chosen either way.
+kernel, so it has to be set before any kernel module (`flashedu.kernels`, `flashedu.hopper`) is
+imported. We set it only when no CUDA device exists and the user has not chosen either way.
 
 Triton publishes wheels for Linux only. Without it, `import flashedu` and every chapter without a
 Triton kernel still work; what needs Triton raises `TritonUnavailable`, whose message says in one

@@ -30,13 +30,13 @@ import math
 
 import torch
 
-from ._validate import resolve_scale
 from .autograd import flash_attention, get_impl
 from .registry import IMPLEMENTATIONS
+from .validation import resolve_scale
 
 
 def _auto_impl(q: torch.Tensor, k=None, v=None) -> str:
-    """ "hopper" where `hopper_dispatch.preferred(q, k, v)` (sm_90, at a head dim where the Hopper
+    """ "hopper" where `dispatch.preferred(q, k, v)` (sm_90, at a head dim where the Hopper
     forward was measured faster); "triton" for a CUDA tensor whose dtype and head dims (q's, and
     v's when given) the Triton kernels support; else "torch_tiled"."""
     if not q.is_cuda:

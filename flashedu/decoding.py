@@ -25,9 +25,9 @@ two corners, without building the mask.
 Limits: forward only (decoding needs no gradient). The NumPy version builds each split's scores, a
 (N_q, chunk) array per head; that is cheap for N_q = 1 and the reason the method is for decoding.
 The Triton split kernel holds the H / H_kv * N_q query rows of one K/V head in one tile (at most 128
-rows), reuses the mask and ALiBi helpers of `flashedu.triton_common`, and shares the attention
+rows), reuses the mask and ALiBi helpers of `flashedu.kernels.common`, and shares the attention
 kernels' dtypes (fp16, bf16, fp32) and head dims (any d and value head dim d_v up to 256, padded by
-`flashedu.triton_tiles`); it picks one fixed launch configuration (no autotuning) and has not been
+`flashedu.kernels.tiles`); it picks one fixed launch configuration (no autotuning) and has not been
 timed on a GPU. Partial states go through HBM in float32: (num_splits, B, H, N_q) for m and l, and
 (num_splits, B, H, N_q, d_v) for o.
 
@@ -39,14 +39,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import softmax
-from ._validate import (
-    check_block,
-    check_causal,
-    check_qkv,
-    check_slopes,
-    check_window,
-    resolve_scale,
-)
 from .dtypes import acc_dtype
 from .masks import (  # noqa: F401  (the block rules, re-exported where chapter 09 met them)
     FULL,
@@ -57,6 +49,14 @@ from .masks import (  # noqa: F401  (the block rules, re-exported where chapter 
     block_visible,
     key_offsets,
     kv_blocks,
+)
+from .validation import (
+    check_block,
+    check_causal,
+    check_qkv,
+    check_slopes,
+    check_window,
+    resolve_scale,
 )
 
 
@@ -162,9 +162,9 @@ try:
     import triton
     import triton.language as tl
 
-    from .triton_common import LOG2E, alibi, visible
-    from .triton_launch import INTERPRETER, check_inputs, kernel_flags, rows_contiguous
-    from .triton_tiles import load_tile, pad_dim, store_tile
+    from .kernels.common import LOG2E, alibi, visible
+    from .kernels.launch import INTERPRETER, check_inputs, kernel_flags, rows_contiguous
+    from .kernels.tiles import load_tile, pad_dim, store_tile
 except ModuleNotFoundError as e:  # pragma: no cover - triton is an optional dependency
     if e.name not in ("triton", "torch"):
         raise
@@ -228,7 +228,7 @@ if triton is not None:
         head = kv_head * GROUP + r // N_q
         i = r % N_q  # query index, for the mask and ALiBi
         live = r < GROUP * N_q
-        dims = tl.arange(0, BLOCK_D)  # head dims padded to a power of two (flashedu.triton_tiles)
+        dims = tl.arange(0, BLOCK_D)  # head dims padded to a power of two (flashedu.kernels.tiles)
         dims_v = tl.arange(0, BLOCK_DV)
         # the GROUP heads' queries stay on chip; K/V of this split are read once for all of them.
         # HBM: read rows*d
@@ -290,7 +290,7 @@ if triton is not None:
         store_tile(o_ptrs, acc, r, GROUP * N_q, dims_v, V_DIM, BLOCK_DV)
 
     @triton.jit
-    def _combine_kernel(
+    def combine_kernel(
         M_PART,
         L_PART,
         O_PART,
@@ -333,7 +333,7 @@ def combine(m, l, o, dtype=None):
     out = torch.empty(o.shape[1:], dtype=dtype or o.dtype, device=o.device)
     lse = torch.empty(m.shape[1:], dtype=torch.float32, device=o.device)
     rows = lse.numel()
-    _combine_kernel[(rows,)](
+    combine_kernel[(rows,)](
         m.contiguous(),
         l.contiguous(),
         o.contiguous(),
@@ -382,7 +382,7 @@ def triton_forward(
         raise ValueError(
             f"{name}: H / H_kv * N_q = {group} * {N_q} query rows exceed the {MAX_ROWS} one "
             "program holds; split-KV decoding is for a few query rows "
-            "(use triton_attention.forward)"
+            "(use kernels.forward)"
         )
     block_n = 16 if INTERPRETER and block_n is None else block_n or 64
     if not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from . import softmax
-from ._validate import check_qkv, resolve_scale
 from .decoding import FULL, PARTIAL, SKIP
+from .validation import check_qkv, resolve_scale
 
 ScoreMod = Callable[..., torch.Tensor]
 MaskMod = Callable[..., torch.Tensor]

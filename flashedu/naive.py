@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks
-from ._validate import check_backward, check_causal, check_qkv, check_window, resolve_scale
 from .dtypes import acc_dtype
-from .ledger import NULL_LEDGER
+from .traffic.ledger import NULL_LEDGER
+from .validation import check_backward, check_causal, check_qkv, check_window, resolve_scale
 
 
 def _expand(x: np.ndarray, H: int) -> np.ndarray:
@@ -52,7 +52,7 @@ def _store(x: np.ndarray, dtype, what: str, name: str) -> np.ndarray:
                 f"{FLOAT16_MAX:.0f}; naive attention stores {what} in the input dtype, so it "
                 "would hold inf and the output NaN. Use float32 inputs or a smaller "
                 "softmax_scale, or an implementation that keeps S in a float32 tile on chip "
-                "(tiled, triton_attention)"
+                "(tiled, kernels)"
             )
     return x.astype(dtype)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import masks
-from ._validate import (
+from .validation import (
     check_backward,
     check_causal,
     check_qkv,
@@ -48,7 +48,7 @@ def positions(B: int, H: int, N_q: int, N_k: int) -> tuple[np.ndarray, ...]:
 def scores(q, k, *, softmax_scale=None, score_mod=None) -> np.ndarray:
     """S = softmax_scale * q k^T (B, H, N_q, N_k) in float64, then `score_mod` if given: a function
     score_mod(s, b, h, q_idx, kv_idx) -> s of float64 arrays broadcasting as `positions` gives them
-    (the NumPy twin of a `flashedu.triton_mods` mod)."""
+    (the NumPy twin of a `flashedu.kernels.score_mods` mod)."""
     q, k = _as_f64(q), _as_f64(k)
     scale = resolve_scale(softmax_scale, q.shape[3], name="reference")
     s = np.einsum("bhid,bhjd->bhij", q, _expand_kv(k, q.shape[1])) * scale  # (B, H, N_q, N_k)

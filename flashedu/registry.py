@@ -1,22 +1,21 @@
 """Every attention implementation in one table, so tests, benchmarks and widgets treat them alike.
 
-Each entry names a module with the common contract
+Each entry holds a module with the common contract
 
     forward(q, k, v, *, causal=False, softmax_scale=None, ...) -> (o, lse)
     backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, ...) -> (dq, dk, dv)
 
 and says what arrays it takes ("numpy" or "torch"), which dtypes, and which features beyond plain
 and causal attention it supports: "gqa" (fewer K/V heads), "window" (sliding window), "alibi",
-"score_mod" (a `flashedu.triton_mods` score mod). The NumPy and PyTorch implementations are
-imported here (they need nothing beyond numpy and torch); the Triton module loads on first use, so
-listing it does not import triton.
+"score_mod" (a `flashedu.kernels.score_mods` score mod). The NumPy and PyTorch implementations are
+imported here (they need nothing beyond numpy and torch); the Triton ones are held by a function
+that imports them on first use (`_triton`, `_hopper`), so listing them does not import triton.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 
 from . import naive, reference, tiled, torch_tiled
@@ -25,19 +24,21 @@ from . import naive, reference, tiled, torch_tiled
 @dataclass(frozen=True)
 class Implementation:
     name: str
-    module_name: str
+    load: Callable[[], ModuleType]  # returns the module with forward and backward
     kind: str  # "numpy" or "torch"
     dtypes: tuple[str, ...]
     features: frozenset[str]
     chapter: str
     summary: str
+    _loaded: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def module(self) -> ModuleType:
-        """The implementation's module, imported on first use. A loaded module is found in
-        `sys.modules`, a lookup `torch.compile` can trace (it cannot trace an import)."""
-        loaded = sys.modules.get(self.module_name)
-        return loaded if loaded is not None else importlib.import_module(self.module_name)
+        """The implementation's module, loaded on first use and kept: later calls read a list,
+        which `torch.compile` can trace (it cannot trace an import)."""
+        if not self._loaded:
+            self._loaded.append(self.load())
+        return self._loaded[0]
 
     def forward(self, q, k, v, **kw):
         return self.module.forward(q, k, v, **kw)
@@ -46,12 +47,22 @@ class Implementation:
         return self.module.backward(do, q, k, v, o, lse, **kw)
 
 
+def _triton() -> ModuleType:
+    from . import kernels  # triton loads here, on first use
+
+    return kernels
+
+
+def _hopper() -> ModuleType:
+    from .hopper import dispatch
+
+    return dispatch
+
+
 def _impl(name, module, kind, dtypes, features, chapter, summary):
-    """`module`: the module itself, or its name under flashedu for one imported on first use."""
-    module_name = module.__name__ if isinstance(module, ModuleType) else "flashedu." + module
-    return Implementation(
-        name, module_name, kind, tuple(dtypes), frozenset(features), chapter, summary
-    )
+    """`module`: the module itself, or a function that imports it on first use."""
+    load = module if callable(module) else (lambda: module)
+    return Implementation(name, load, kind, tuple(dtypes), frozenset(features), chapter, summary)
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
@@ -95,7 +106,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         _impl(
             "triton",
-            "triton_attention",
+            _triton,
             "torch",
             ["float16", "bfloat16", "float32"],
             ["gqa", "window", "alibi", "score_mod"],
@@ -104,7 +115,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         _impl(
             "hopper",
-            "hopper_dispatch",
+            _hopper,
             "torch",
             ["float16", "bfloat16", "float32"],
             ["gqa"],

@@ -50,7 +50,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import softmax
-from ._validate import (
+from .dtypes import acc_dtype
+from .masks import PARTIAL, SKIP, block_kind, block_visible, key_offsets
+from .validation import (
     check_backward,
     check_causal,
     check_do,
@@ -59,8 +61,6 @@ from ._validate import (
     check_window,
     resolve_scale,
 )
-from .dtypes import acc_dtype
-from .masks import PARTIAL, SKIP, block_kind, block_visible, key_offsets
 
 
 def shard_bounds(N: int, world_size: int) -> list[tuple[int, int]]:

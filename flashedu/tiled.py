@@ -39,12 +39,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import softmax
-from ._validate import check_order
-from .ledger import NULL_LEDGER, Ledger
 from .masks import row_blocks
 from .tiled_backward import backward
-from .tiles import tile_bytes
 from .tiling import Problem, scores, setup
+from .traffic.ledger import NULL_LEDGER, Ledger
+from .traffic.tiles import tile_bytes
+from .validation import check_order
 
 
 def _heads(p: Problem, x: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ def _heads(p: Problem, x: np.ndarray) -> np.ndarray:
     return x.reshape(p.B, p.H, -1).copy()
 
 
-def _forward_fa2(p: Problem, qs, k, v, ledger):
+def forward_fa2(p: Problem, qs, k, v, ledger):
     """Outer loop over query blocks: q_i, o_i, m_i, l_i stay in SRAM; K_j, V_j stream past."""
     o = np.empty(qs.shape[:-1] + (p.d_v,), dtype=p.dtype)  # (B, H_kv, g, N_q, d_v) in HBM
     lse = np.empty(qs.shape[:-1], dtype=p.acc)  # (B, H_kv, g, N_q) in HBM
@@ -92,7 +92,7 @@ def _forward_fa2(p: Problem, qs, k, v, ledger):
     return o, lse
 
 
-def _forward_fa1(p: Problem, qs, k, v, ledger):
+def forward_fa1(p: Problem, qs, k, v, ledger):
     """Outer loop over K/V blocks: k_j, v_j stay in SRAM; O, m, l make a round trip to HBM per
     tile."""
     o = np.zeros(qs.shape[:-1] + (p.d_v,), dtype=p.dtype)  # Alg. 1 line 2: O = 0, l = 0, m = -inf
@@ -211,7 +211,7 @@ def forward(
     qs = p.grouped(q.astype(p.acc) * p.acc.type(p.scale))  # scale folded into q once
     k = k.astype(p.acc, copy=False)[:, :, None]  # (B, H_kv, 1, N_k, d)
     v = v.astype(p.acc, copy=False)[:, :, None]
-    o, lse = (_forward_fa2 if order == "fa2" else _forward_fa1)(p, qs, k, v, ledger)
+    o, lse = (forward_fa2 if order == "fa2" else forward_fa1)(p, qs, k, v, ledger)
     return o.reshape(p.B, p.H, p.N_q, p.d_v), lse.reshape(p.B, p.H, p.N_q)
 
 

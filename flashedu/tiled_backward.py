@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import check_backward
-from .ledger import NULL_LEDGER
 from .masks import row_blocks
 from .tiling import Problem, scores, setup
+from .traffic.ledger import NULL_LEDGER
+from .validation import check_backward
 
 
 def _preprocess(p: Problem, do, o, lse, ledger):
@@ -43,7 +43,7 @@ def _preprocess(p: Problem, do, o, lse, ledger):
     return D, np.where(np.isneginf(lse), np.inf, lse)
 
 
-def _tile_grads(p: Problem, qs, k, v, do, lse, D, dq, dk_j, dv_j, r0, r1, c0, c1):
+def tile_grads(p: Problem, qs, k, v, do, lse, D, dq, dk_j, dv_j, r0, r1, c0, c1):
     """One tile's contribution: dV_j, dK_j (in SRAM) and dQ_i (in HBM) updated in place."""
     qs_i, do_i, k_j, v_j = qs[..., r0:r1, :], do[..., r0:r1, :], k[..., c0:c1, :], v[..., c0:c1, :]
     s_ij = scores(p, qs_i, k_j, r0, r1, c0, c1)  # recomputed: (B, H_kv, g, bm, bn)
@@ -156,7 +156,7 @@ def backward(
                 ("dQ", p.hbm(r1 - r0, p.acc.itemsize)),
             ):
                 ledger.read(t, n)  # HBM: q_i, do_i, lse_i, D_i and the dQ_i partial
-            _tile_grads(p, qs, k, v, do, lse, D, dq, dk_j, dv_j, r0, r1, c0, c1)
+            tile_grads(p, qs, k, v, do, lse, D, dq, dk_j, dv_j, r0, r1, c0, c1)
             ledger.write(
                 "dQ", p.hbm(r1 - r0, p.acc.itemsize)
             )  # HBM: dQ_i += dS_ij K_j (read-modify-write)

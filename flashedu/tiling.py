@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import (
+from .dtypes import acc_dtype
+from .masks import band, kv_blocks
+from .traffic import DEFAULT_SRAM_BYTES
+from .traffic.tiles import block_sizes
+from .validation import (
     check_block,
     check_causal,
     check_qkv,
@@ -23,10 +27,6 @@ from ._validate import (
     check_window,
     resolve_scale,
 )
-from .dtypes import acc_dtype
-from .masks import band, kv_blocks
-from .tiles import block_sizes
-from .traffic import DEFAULT_SRAM_BYTES
 
 
 @dataclass(frozen=True)

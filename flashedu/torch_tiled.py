@@ -14,7 +14,7 @@ autograd graph.
 Honest limits:
 * It is a teaching implementation: every block is a separate PyTorch call from a Python loop, so on
   a GPU the "SRAM" tiles are ordinary tensors in device memory and it is far slower than a fused
-  kernel (`flashedu.triton_attention`). It shows the algorithm and its memory footprint, not its
+  kernel (`flashedu.kernels.fwd`). It shows the algorithm and its memory footprint, not its
   speed.
 * float16 and bfloat16 inputs are upcast to float32 for all the arithmetic; outputs come back in the
   input dtype. float64 inputs stay in float64.
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_backward, check_block, check_causal, check_qkv, resolve_scale
 from .dtypes import acc_dtype
+from .validation import check_backward, check_block, check_causal, check_qkv, resolve_scale
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -69,7 +69,7 @@ def _scores(q_i, k_j, scale, i0, j0, causal, offset):
     return s_ij
 
 
-def _forward_rows(q_i, k, v, i0, scale, causal, offset, block_n):
+def forward_rows(q_i, k, v, i0, scale, causal, offset, block_n):
     """o_i and lse_i for one block of query rows, streaming K and V in blocks of `block_n` keys."""
     m_i = torch.full(
         q_i.shape[:-1], float("-inf"), dtype=q_i.dtype, device=q_i.device
@@ -142,7 +142,7 @@ def forward(
     lse = torch.full(qg.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # HBM: write B H N_q
     for i0 in range(0, N_q, block_m):
         q_i = qg[..., i0 : i0 + block_m, :]  # HBM: read one Q block
-        o[..., i0 : i0 + block_m, :], lse[..., i0 : i0 + block_m] = _forward_rows(
+        o[..., i0 : i0 + block_m, :], lse[..., i0 : i0 + block_m] = forward_rows(
             q_i, kg, vg, i0, scale, causal, N_k - N_q, block_n
         )
     return o.reshape(B, H, N_q, v.shape[-1]).to(q.dtype), lse.reshape(B, H, N_q)

@@ -16,125 +16,35 @@ result is FlexAttention's document mask over the packed tokens (`flashedu.flex.d
 `attention_varlen` validates once, then hands the packed tensors to a packed implementation. The one
 here, `loop`, runs flashedu's (B=1) attention per sequence through autograd: exact, differentiable,
 one launch per sequence. A kernel that takes the packed tensors in one launch registers itself in
-`PACKED` under an implementation's name (the function, or the name of a module whose
-`attention_varlen` it is) and is used for that name (and by "auto" for CUDA tensors when registered
-as "triton"); it must accept the arguments of `loop` but `impl`. "triton" is
-`flashedu.triton_varlen`: the Triton kernels over the packed tensors, one launch per kernel.
+`PACKED` under an implementation's name (a function) and is used for that name (and by "auto" for
+CUDA tensors when registered as "triton"); it must accept the arguments of `loop` but `impl`.
+"triton" is `flashedu.kernels.varlen.attention_varlen`: the Triton kernels over the packed tensors,
+one launch per kernel. The checks of the packed layout are `validation.check_varlen`.
 
 Introduced in notebooks/10_in_practice.ipynb.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 import torch
 
-from ._validate import resolve_scale
 from .api import attention
+from .validation import check_varlen, resolve_scale
 
-# impl name -> a one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, ...), or the name of a module
-# whose `attention_varlen` is one, imported on first use (as flashedu.registry lists the Triton
-# kernels, so this module does not import triton)
-PACKED: dict[str, Callable | str] = {"triton": "flashedu.triton_varlen"}
+
+def _triton_varlen(*args, **kw):
+    """flashedu.kernels.varlen.attention_varlen, imported on first use (so this module, like
+    flashedu.registry, does not import triton)."""
+    from .kernels.varlen import attention_varlen as one_launch
+
+    return one_launch(*args, **kw)
+
+
+# impl name -> a one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale)
+PACKED: dict[str, Callable] = {"triton": _triton_varlen}
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
-
-
-def _check_tensors(q, k, v) -> None:
-    for arg, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"attention_varlen: {arg} must be a torch.Tensor, got {type(x).__name__}"
-            )
-        if x.ndim != 3:
-            raise ValueError(
-                f"attention_varlen: {arg} must have shape (total, heads, d) (3 dims), "
-                f"got shape {tuple(x.shape)}"
-            )
-    if k.shape != v.shape:
-        raise ValueError(
-            f"attention_varlen: k and v must have the same shape (total_k, H_kv, d), "
-            f"got {tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(
-            f"attention_varlen: head dimension d differs: q has d={q.shape[2]}, k has "
-            f"d={k.shape[2]}"
-        )
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"attention_varlen: q has H={q.shape[1]} heads, which is not a multiple of "
-            f"k and v's H_kv={k.shape[1]}"
-        )
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise TypeError(
-            f"attention_varlen: q, k and v must share one floating dtype, got {q.dtype}, "
-            f"{k.dtype} and {v.dtype}"
-        )
-    if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"attention_varlen: q, k and v must be on one device, got {q.device}, "
-            f"{k.device} and {v.device}"
-        )
-
-
-def _check_cu(cu, arg: str, total: int, device) -> list[int]:
-    """cu_seqlens as a list of ints, after checking dtype, shape, device, start, order and end."""
-    if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"attention_varlen: {arg} must be a torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"attention_varlen: {arg} must have dtype int32 (or int64), got {cu.dtype}")
-    if cu.ndim != 1 or cu.numel() < 2:
-        raise ValueError(
-            f"attention_varlen: {arg} must be 1-D with n + 1 >= 2 entries (n sequences), "
-            f"got shape {tuple(cu.shape)}"
-        )
-    if cu.device != device:
-        raise ValueError(
-            f"attention_varlen: {arg} must be on the device of q, {device}, got {cu.device}"
-        )
-    bounds = cu.tolist()
-    if bounds[0] != 0:
-        raise ValueError(
-            f"attention_varlen: {arg} must start at 0, got {bounds[0]} ({arg}={bounds})"
-        )
-    if any(b < a for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(
-            f"attention_varlen: {arg} must be non-decreasing (lengths >= 0), got {bounds}"
-        )
-    if bounds[-1] != total:
-        raise ValueError(
-            f"attention_varlen: {arg} ends at {bounds[-1]}, but the packed tensor holds "
-            f"{total} tokens (its first dimension)"
-        )
-    return bounds
-
-
-def _check_max(max_seqlen, arg: str, bounds: list[int]) -> None:
-    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"attention_varlen: {arg} must be an int, got {max_seqlen!r}")
-    if max_seqlen < longest:
-        raise ValueError(
-            f"attention_varlen: {arg}={max_seqlen} is shorter than the longest sequence, "
-            f"{longest} tokens"
-        )
-
-
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """Validate packed inputs; return the boundaries (cu_q, cu_k) as lists of ints."""
-    _check_tensors(q, k, v)
-    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q.device)
-    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", k.shape[0], q.device)
-    if len(cu_q) != len(cu_k):
-        raise ValueError(
-            f"attention_varlen: cu_seqlens_q describes {len(cu_q) - 1} sequences and "
-            f"cu_seqlens_k {len(cu_k) - 1}; they must describe the same sequences"
-        )
-    _check_max(max_seqlen_q, "max_seqlen_q", cu_q)
-    _check_max(max_seqlen_k, "max_seqlen_k", cu_k)
-    return cu_q, cu_k
 
 
 def loop(
@@ -206,8 +116,5 @@ def attention_varlen(
     name = "triton" if impl == "auto" and triton_ok and "triton" in PACKED else impl
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if name in PACKED:
-        one_launch = PACKED[name]
-        if isinstance(one_launch, str):
-            one_launch = importlib.import_module(one_launch).attention_varlen
-        return one_launch(*args, causal=causal, softmax_scale=scale)
+        return PACKED[name](*args, causal=causal, softmax_scale=scale)
     return loop(*args, causal=causal, softmax_scale=scale, impl=impl)

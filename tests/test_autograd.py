@@ -126,9 +126,12 @@ def test_errors_name_the_argument(make_qkv, monkeypatch):
 
 
 def test_a_missing_module_is_an_import_error_only_when_asked_for(make_qkv, monkeypatch):
-    ghost = dataclasses.replace(
-        IMPLEMENTATIONS["torch_tiled"], name="ghost", module_name="flashedu._no_such_module"
-    )
+    def load():
+        import flashedu._no_such_module as missing
+
+        return missing
+
+    ghost = dataclasses.replace(IMPLEMENTATIONS["torch_tiled"], name="ghost", load=load)
     monkeypatch.setitem(IMPLEMENTATIONS, "ghost", ghost)
     q, k, v = make_qkv(1, 1, 3, 3, 4, "float32", kind="torch")
     assert autograd.flash_attention(q, k, v).shape == q.shape

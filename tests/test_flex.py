@@ -147,7 +147,7 @@ def test_relative_bias_indexes_the_table_by_clipped_offset(rng):
 def test_combined_masks_and_gqa(rng):
     N, H, H_kv = 40, 4, 2
     q, k, v = _qkv(rng, 1, H, N, N, 8, H_kv=H_kv)
-    sink = lambda b, h, q_idx, kv_idx: kv_idx < 3  # noqa: E731  (the first keys, seen by all)
+    sink = lambda b, h, q_idx, kv_idx: kv_idx < 3
     mod = or_masks(and_masks(flex.causal(), flex.sliding_window(6)), sink)
     explicit = masks.visible(N, N, window_size=(6, 0)) | (np.arange(N)[None, :] < 3)
     expected = reference.forward(q, k, v, attn_mask=explicit)
@@ -156,7 +156,7 @@ def test_combined_masks_and_gqa(rng):
 
 def test_fully_masked_rows_give_zero_and_minus_inf(rng):
     q, k, v = _qkv(rng, 1, 2, 20, 20, 8)
-    mod = lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) & (q_idx >= 5)  # noqa: E731
+    mod = lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) & (q_idx >= 5)
     for o, lse in _both(q, k, v, mask_mod=mod):
         assert np.all(np.asarray(o)[:, :, :5] == 0) and np.all(
             np.isneginf(np.asarray(lse)[:, :, :5])

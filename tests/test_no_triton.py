@@ -115,7 +115,8 @@ def test_the_cpu_implementations_run_and_auto_picks_one_of_them():
 @pytest.mark.parametrize(
     "code",
     [
-        "from flashedu import triton_attention",
+        "from flashedu import kernels",
+        "from flashedu.kernels import exercises",
         "import flashedu, torch; flashedu.attention(*torch.randn(3, 1, 1, 4, 16), impl='triton')",
     ],
 )
@@ -142,7 +143,7 @@ def test_a_notebook_cell_that_needs_triton_shows_one_line_not_a_traceback():
         from IPython.core.interactiveshell import InteractiveShell
         shell = InteractiveShell.instance()
         shell.run_cell("import flashedu")
-        shell.run_cell("from flashedu import triton_exercises")
+        shell.run_cell("from flashedu.kernels import exercises")
         shell.run_cell("import triton.language as tl")
         shell.run_cell("1 / 0")  # any other error keeps its traceback
         """

@@ -109,7 +109,7 @@ def test_value_head_dim_errors_name_the_shapes(rng):
 
 @pytest.mark.parametrize("d", [1, 40, 59, 96, 192])
 def test_numpy_and_torch_implementations_take_any_head_dim(d, rng):
-    """The head dims the Triton kernels pad (tests/test_triton_tiles.py), here in float64."""
+    """The head dims the Triton kernels pad (tests/kernels/test_tiles.py), here in float64."""
     q, k, v, do = _qkv(rng, 1, 2, 1, 13, 9, d, d)
     o_ref, lse_ref = reference.forward(q, k, v, causal=True)
     g_ref = reference.backward(do, q, k, v, causal=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..api import attention
 from ..testing import tolerance
 from ..traffic import attention_flops
 
@@ -46,14 +47,6 @@ FULL = dict(
 QUICK = dict(N=(1024, 4096), d=(128,), causal=(False, True), dtype=("bfloat16",))
 TOKENS = 16384  # B * N
 HEAD_MODEL = 2048  # H * d: H = 32 at d = 64, H = 16 at d = 128
-
-
-def _kernels():
-    """The Triton kernels' module, imported on first use: this module's tables and plots need no
-    Triton, which installs on Linux only."""
-    from .. import triton_attention
-
-    return triton_attention
 
 
 def _do_bench(fn, **kwargs) -> float:
@@ -83,7 +76,7 @@ def _sdpa(backend):
 def attention_fn(impl: str):
     """(q, k, v, causal) -> o, differentiable, for one of IMPLS."""
     if impl == "flashedu-triton":
-        return lambda q, k, v, causal: _kernels().attention(q, k, v, causal=causal)
+        return lambda q, k, v, causal: attention(q, k, v, causal=causal, impl="triton")
     return _sdpa(impl)
 
 
@@ -217,7 +210,7 @@ def run(
 def table(rows: list[dict], baseline: str = "sdpa-flash") -> str:
     """One line per (dtype, d, causal, N, pass): TFLOP/s of each implementation and flashedu's speed
     ratios."""
-    key = lambda r: (r["dtype"], r["d"], r["causal"], r["N"], r["pass"])  # noqa: E731
+    key = lambda r: (r["dtype"], r["d"], r["causal"], r["N"], r["pass"])
     groups: dict[tuple, dict[str, float]] = {}
     for r in rows:
         groups.setdefault(key(r), {})[r["impl"]] = r["tflops"]
@@ -229,7 +222,7 @@ def table(rows: list[dict], baseline: str = "sdpa-flash") -> str:
     ]
     for (dtype, d, causal, N, pass_), g in groups.items():
         mine = g.get("flashedu-triton")
-        ratio = lambda other: f"{mine / g[other]:.2f}" if mine and g.get(other) else "-"  # noqa: E731
+        ratio = lambda other: f"{mine / g[other]:.2f}" if mine and g.get(other) else "-"
         lines.append(
             f"{dtype:<9}{d:>4}{str(causal):>7}{N:>7}{pass_:>8}"
             + "".join(f"{g[n]:>16.1f}" if n in g else f"{'-':>16}" for n in names)
@@ -254,7 +247,7 @@ def measure_memory(
     for N in Ns:
         for impl, fn in (
             ("standard", _standard),
-            ("flashedu-triton", lambda q, k, v: _kernels().attention(q, k, v)),
+            ("flashedu-triton", lambda q, k, v: attention(q, k, v, impl="triton")),
         ):
             for pass_ in ("fwd", "fwd_bwd"):
                 torch.cuda.empty_cache()
@@ -355,11 +348,12 @@ EXPLORE = {
 def run_fixed(kernel, cfg, q, k, v, do, o, lse, causal):
     """Run one kernel ("fwd", "dkdv" or "dq") with a fixed launch config (BLOCK_M, BLOCK_N, warps,
     stages)."""
-    from .. import triton_backward as tb
+    from ..kernels import bwd as tb
+    from ..kernels import fwd, launch
 
     if kernel == "fwd":
-        return _kernels().forward(q, k, v, causal=causal, **_kw(cfg))
-    pl = _kernels().plan(q, k, v, causal, None, None, None, None, "explore")
+        return fwd.forward(q, k, v, causal=causal, **_kw(cfg))
+    pl = launch.plan(q, k, v, causal, None, None, None, None, "explore")
     return tb.run_backward(do, q, k, v, o, lse, pl, _cfg(cfg), _cfg(cfg), kernels=(kernel,))
 
 

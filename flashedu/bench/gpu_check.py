@@ -131,7 +131,7 @@ def sdpa_same_inputs(q, k, v, do, *, causal, window, slopes, scale):
 def check_case(case: dict) -> list[dict]:
     """Run one case (fresh inputs) through the Triton kernels, SDPA and float64; one row per
     pass."""
-    from .. import triton_attention as ta
+    from .. import kernels
 
     seed = int.from_bytes(os.urandom(4), "little")
     q, k, v = random_qkv(
@@ -153,10 +153,10 @@ def check_case(case: dict) -> list[dict]:
     opts = dict(
         causal=case["causal"], window=case["window"], slopes=slopes, scale=case["d"] ** -0.5
     )
-    o, lse = ta.forward(
+    o, lse = kernels.forward(
         q, k, v, causal=case["causal"], window_size=case["window"], alibi_slopes=slopes
     )
-    grads = ta.backward(
+    grads = kernels.backward(
         do, q, k, v, o, lse, causal=case["causal"], window_size=case["window"], alibi_slopes=slopes
     )
     ref = float64_attention(q, k, v, do, **opts)
@@ -185,7 +185,7 @@ def check_case(case: dict) -> list[dict]:
         "sdpa_backend": backend,
     }
     fp32 = case["dtype"] == "float32"
-    rule = lambda err, sdpa_err: fp32 or err <= 2 * sdpa_err + 1e-6  # noqa: E731  (fp16/bf16: flash-attn's rule)
+    rule = lambda err, sdpa_err: fp32 or err <= 2 * sdpa_err + 1e-6
     lse_err = _err(lse, ref[1])
     fwd = {
         **row,
@@ -236,10 +236,9 @@ def _check_many(cases: list[dict]) -> list[dict]:
 def config_jobs(explore_too: bool) -> list[tuple]:
     """(dtype, d, causal, kernel, config) for every config the autotuner may pick (fp16/bf16, d
     64/128), and with explore_too every config of EXPLORE (bf16)."""
-    from .. import triton_attention as ta
-    from .. import triton_backward as tb
+    from ..kernels import bwd, fwd
 
-    tables = {"fwd": ta.fwd_table, "dkdv": tb.dkdv_table, "dq": tb.dq_table}
+    tables = {"fwd": fwd.fwd_table, "dkdv": bwd.dkdv_table, "dq": bwd.dq_table}
     jobs = {
         (dt, d, c, kern, tuple(cfg))
         for dt in ("bfloat16", "float16")
@@ -312,11 +311,10 @@ def self_check() -> float:
 
 def autotune_choices() -> list[dict]:
     """The config the autotuner kept for each kernel and key in this process."""
-    from .. import triton_attention as ta
-    from .. import triton_backward as tb
+    from ..kernels import bwd, fwd
 
     rows = []
-    for name, kern in (*ta.AUTOTUNED.items(), *tb.AUTOTUNED.items()):
+    for name, kern in (*fwd.AUTOTUNED.items(), *bwd.AUTOTUNED.items()):
         for key, cfg in getattr(kern, "cache", {}).items():
             rows.append(
                 {
@@ -400,7 +398,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error(f"--workers must be >= 1, got {a.workers}")
-    log = lambda *s, **kw: print(*s, **{"flush": True, **kw})  # noqa: E731
+    log = lambda *s, **kw: print(*s, **{"flush": True, **kw})
     if a.features:
         return features_only(a.out, a.workers, a.quick, argv, log)
     configs, correctness = check_everything(a.workers, a.quick, a.explore, log)
@@ -416,7 +414,7 @@ def main(argv=None) -> int:
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: out.write_text(json.dumps(result, indent=1) + "\n")  # noqa: E731  (after every phase)
+    save = lambda: out.write_text(json.dumps(result, indent=1) + "\n")
     save()
     if a.explore:
         result["explore"] = explore(log=log)

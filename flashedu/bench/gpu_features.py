@@ -1,7 +1,7 @@
 """GPU correctness rows for what the kernels do beyond their tuned path: head dims that are not
 powers of two (d = 40, 59, 80, 96, 111, 192, padded tiles), a value head dim of its own (Ev != E),
-a score mod (soft-capping through `flashedu.triton_mods`) and packed sequences in one launch
-(`flashedu.triton_varlen`). They are part of `python -m flashedu.bench.gpu_check`'s matrix, and run
+a score mod (soft-capping through `flashedu.kernels.score_mods`) and packed sequences in one launch
+(`flashedu.kernels.varlen`). They are part of `python -m flashedu.bench.gpu_check`'s matrix, and run
 alone, in a few minutes, with
 
     PYTHONPATH=$PWD python -m flashedu.bench.gpu_check --features --out FILE.json
@@ -78,7 +78,7 @@ def _rows(case, seed, o, lse, grads, ref, low, extra):
     dq, dk, dv) and the same-precision (o, dq, dk, dv)."""
 
     dtype = case["dtype"]
-    rule = lambda e, e_low: dtype == "float32" or e <= 2 * e_low + 1e-6  # noqa: E731
+    rule = lambda e, e_low: dtype == "float32" or e <= 2 * e_low + 1e-6
     row = {
         "impl": "flashedu-triton",
         **{key: case[key] for key in ("dtype", "d", "d_v", "causal", "H", "H_kv")},
@@ -103,17 +103,17 @@ def _rows(case, seed, o, lse, grads, ref, low, extra):
 
 def check_dense(case: dict) -> list[dict]:
     """One (B, H, N, d) row pair: a head dim, a value head dim and maybe the soft-capping mod."""
-    from .. import triton_attention as ta
-    from .. import triton_mods
+    from .. import kernels
+    from ..kernels import score_mods
 
     seed = int.from_bytes(os.urandom(4), "little")
     keys = ("B", "H", "H_kv", "N_q", "N_k", "d", "d_v", "dtype")
     boost = 3.0 if case["mod"] else 1.0  # soft-capping needs scores past the cap
     q, k, v, do = _inputs(*(case[x] for x in keys), seed, scale=boost)
     scale = case["d"] ** -0.5
-    mod = triton_mods.softcap(SOFTCAP) if case["mod"] else None
-    o, lse = ta.forward(q, k, v, causal=case["causal"], score_mod=mod)
-    grads = ta.backward(do, q, k, v, o, lse, causal=case["causal"], score_mod=mod)
+    mod = score_mods.softcap(SOFTCAP) if case["mod"] else None
+    o, lse = kernels.forward(q, k, v, causal=case["causal"], score_mod=mod)
+    grads = kernels.backward(do, q, k, v, o, lse, causal=case["causal"], score_mod=mod)
     opts = dict(causal=case["causal"], window=None, scale=scale)
     ref = float64_attention(q, k, v, do, slopes=None, mod=_softcap if mod else None, **opts)
     low = lowp_attention(q, k, v, do, mod=_softcap if mod else None, **opts)
@@ -129,9 +129,9 @@ def _packed(x, lens):
 
 
 def check_varlen(case: dict) -> list[dict]:
-    """One packed batch through `flashedu.triton_varlen` against float64 and the same-precision
+    """One packed batch through `flashedu.kernels.varlen` against float64 and the same-precision
     computation run sequence by sequence (bottom-right causal within each)."""
-    from .. import triton_varlen
+    from ..kernels import varlen as kernel_varlen
 
     seed = int.from_bytes(os.urandom(4), "little")
     lens_q, lens_k, H, H_kv, d = case["lens_q"], case["lens_k"], case["H"], case["H_kv"], case["d"]
@@ -140,8 +140,8 @@ def check_varlen(case: dict) -> list[dict]:
     dev = packed[0].device
     cu_q, cu_k = (torch.tensor([0, *lens], device=dev).cumsum(0).int() for lens in (lens_q, lens_k))
     args = (*packed[:3], cu_q, cu_k, max(lens_q), max(lens_k))
-    o, lse = triton_varlen.forward(*args, causal=case["causal"])
-    grads = triton_varlen.backward(packed[3], *packed[:3], o, lse, *args[3:], causal=case["causal"])
+    o, lse = kernel_varlen.forward(*args, causal=case["causal"])
+    grads = kernel_varlen.backward(packed[3], *packed[:3], o, lse, *args[3:], causal=case["causal"])
     opts = dict(causal=case["causal"], window=None, scale=d**-0.5)
     per_seq = zip(*(_packed(x, lens) for x, lens in ((q4, lens_q), (k4, lens_k), (v4, lens_k),
                                                       (do4, lens_q))))  # fmt: skip

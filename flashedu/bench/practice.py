@@ -25,7 +25,6 @@ import torch
 from .._env import ROOT
 from .results import meta, write
 
-SETTINGS = ("plain causal", "alibi causal", "softcap 30", "documents")
 IMPLS = ("flex-compiled", "flashedu-triton", "sdpa")
 RESULTS_FILE = ROOT / "notebooks" / "results" / "h200_practice.json"
 
@@ -54,7 +53,9 @@ def _settings(B, H, N, d, device):
     """name -> float64 reference, FlexAttention (score_mod, block_mask), flashedu and SDPA calls."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from .. import triton_attention, triton_mods, triton_varlen
+    from .. import kernels
+    from ..kernels import score_mods
+    from ..kernels import varlen as kernel_varlen
 
     i = torch.arange(N, device=device)
     causal = i[None, :] <= i[:, None]
@@ -87,9 +88,9 @@ def _settings(B, H, N, d, device):
         return create_block_mask(mask_mod, None, None, N, N, device=device)
 
     def packed(q, k, v):
-        to_p = lambda x: x[0].transpose(0, 1).contiguous()  # noqa: E731  (1, H, N, d) -> (N, H, d)
+        to_p = lambda x: x[0].transpose(0, 1).contiguous()
         args = (to_p(q), to_p(k), to_p(v), cuts, cuts, N, N)
-        return lambda: triton_varlen.forward(*args)[0]
+        return lambda: kernel_varlen.forward(*args)[0]
 
     def softcapped(q, k, v):
         s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
@@ -99,7 +100,7 @@ def _settings(B, H, N, d, device):
         "plain causal": dict(
             ref=lambda q, k, v: _reference(q, k, v, torch.where(causal, 0.0, neg)),
             flex=(None, block(causal_mask)),
-            flashedu=lambda q, k, v: lambda: triton_attention.forward(q, k, v, causal=True)[0],
+            flashedu=lambda q, k, v: lambda: kernels.forward(q, k, v, causal=True)[0],
             sdpa=lambda q, k, v: (
                 lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             ),
@@ -108,9 +109,7 @@ def _settings(B, H, N, d, device):
             ref=lambda q, k, v: _reference(q, k, v, alibi),
             flex=(alibi_mod, block(causal_mask)),
             flashedu=lambda q, k, v: (
-                lambda: triton_attention.forward(
-                    q, k, v, causal=True, score_mod=triton_mods.alibi(slopes)
-                )[0]
+                lambda: kernels.forward(q, k, v, causal=True, score_mod=score_mods.alibi(slopes))[0]
             ),
             sdpa=lambda q, k, v: (
                 lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -124,7 +123,7 @@ def _settings(B, H, N, d, device):
             # inside the compiled call, which inductor failed to lower on the H200
             flex=(softcap_mod, block(everything)),
             flashedu=lambda q, k, v: (
-                lambda: triton_attention.forward(q, k, v, score_mod=triton_mods.softcap(cap))[0]
+                lambda: kernels.forward(q, k, v, score_mod=score_mods.softcap(cap))[0]
             ),
             sdpa=None,
         ),

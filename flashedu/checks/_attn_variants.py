@@ -12,7 +12,7 @@ does on float32 inputs by default: the size of their error against the exact
 answer tells a TF32 dot from a real bug.
 
 Used by the graders of notebooks/06_triton_forward.ipynb and notebooks/07_triton_backward.ipynb;
-tested through tests/test_checks_ch06.py and tests/test_checks_ch07.py.
+tested through tests/checks/test_ch06.py and tests/checks/test_ch07.py.
 """
 
 from __future__ import annotations

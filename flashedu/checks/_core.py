@@ -27,7 +27,7 @@ open. Every graded run is recorded for `progress()` (see `_progress.py`); the re
 the mistake matching are in `_report.py`.
 
 Used from every notebook's exercises (first in notebooks/01_naive_attention.ipynb); tested in
-tests/test_checks_core.py.
+tests/checks/test_core.py.
 
 Limits: comparisons are elementwise against a tolerance, so an answer that is right only up to a
 permutation fails; a grader that needs another notion of right passes `Case.check`.

@@ -18,7 +18,7 @@ the same numbers, and every classic timing mistake changes the answer:
 
 `expected_ms` is what a careful harness reports: one call at full clock, inputs not in L2, launch
 included. `events` logs every call to the device, for the grader's diagnosis. Used by
-`flashedu.checks.ch08.check_timing_harness`; tested in tests/test_checks_ch08.py.
+`flashedu.checks.ch08.check_timing_harness`; tested in tests/checks/test_ch08.py.
 """
 
 from __future__ import annotations

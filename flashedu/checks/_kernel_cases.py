@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from .. import reference
+from ..kernels.exercises import launch_dkdv, launch_dq, launch_forward
 from ..testing import Tolerance, random_qkv, to_numpy, tolerance
-from ..triton_exercises import launch_dkdv, launch_dq, launch_forward
 from . import _attn_variants, _triton, _triton_bytes, _triton_judge
 from ._core import Case
 

@@ -19,7 +19,7 @@ Where the method is the lesson, right numbers are not enough. Three guards:
 
 The watcher and the stream are written in _watch.py, `Shortcut` in _shared.py; all are re-exported
 here. Used by the graders of
-chapters 02, 03, 04, 05 and 09 (and the Triton chapters); tested in tests/test_checks_method.py.
+chapters 02, 03, 04, 05 and 09 (and the Triton chapters); tested in tests/checks/test_method.py.
 """
 
 from __future__ import annotations
@@ -48,18 +48,18 @@ __all__ = [
 # Modules a learner may use while being graded: tools, not answers.
 _TOOLS = (
     "flashedu._env",
-    "flashedu._validate",
+    "flashedu.validation",
     "flashedu.book",
     "flashedu.checks",
     "flashedu.course",
     "flashedu.data",
     "flashedu.dtypes",  # the dtype names and accumulation rule testing.tolerance uses
-    "flashedu.kernel_traffic",  # traffic.measure's hooks run inside a graded kernel
-    "flashedu.ledger",
+    "flashedu.traffic.measured",  # traffic.measure's hooks run inside a graded kernel
+    "flashedu.traffic.ledger",
     "flashedu.nb",
     "flashedu.registry",
     "flashedu.testing",
-    "flashedu.triton_exercises",  # the launchers and given prologues of the kernel exercises
+    "flashedu.kernels.exercises",  # the launchers and given prologues of the kernel exercises
     "flashedu.viz",
     "flashedu.widgets",
 )

@@ -3,7 +3,7 @@
 `grade` (in _core.py) runs the cases; this module picks the case to lead with and its one
 diagnosis (`choose`), names a known mistake by comparing the answer with the outputs of buggy
 variants (`same`, `candidates`), and lays the report out in at most 100 columns. Tested through
-tests/test_checks_core.py.
+tests/checks/test_core.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ top-left, NaN on rows that see no key, a wrong lse, P renormalised per tile, D l
 
 The graders of ch03.py (the forward), ch04.py (the backward) and ch05.py (both, inside an autograd
 Function) name a wrong answer by the twin it equals. `TILED_RULE` is the sentence they add to an
-"N_q x N_k array" shortcut. Tested through the graders' planted bugs (tests/test_checks_ch03.py,
+"N_q x N_k array" shortcut. Tested through the graders' planted bugs (tests/checks/test_ch03.py,
 ch04, ch05).
 """
 

@@ -2,7 +2,7 @@
 that show what was never stored, launch counting, bytes measured, and the GPU timing.
 
 A grader hands this module the learner's `@triton.jit` kernel (launched through the package's
-launcher in `flashedu.triton_exercises`, the same host code for everyone) or a Python function of
+launcher in `flashedu.kernels.exercises`, the same host code for everyone) or a Python function of
 theirs that launches their own kernels. Either way:
 
 - The inputs are views into buffers with a gap of NaN rows after each head's last row, so a load
@@ -14,7 +14,7 @@ theirs that launches their own kernels. Either way:
   kernels, is a named shortcut; the whole run happens under `forbid_flashedu`.
 - Under the interpreter the run is measured (`traffic.measure`), for `_triton_bytes.judge`.
 
-Used by the graders in ch06.py and ch07.py; tested in tests/test_checks_ch06.py and ch07.
+Used by the graders in ch06.py and ch07.py; tested in tests/checks/test_ch06.py and ch07.
 """
 
 from __future__ import annotations
@@ -29,11 +29,14 @@ import torch
 import triton
 
 from .. import traffic
-from ..triton_launch import INTERPRETER
+from ..kernels.launch import INTERPRETER
 from ._method import Shortcut, forbid_flashedu
 
 SENTINEL = -12288.0  # exact in fp16 and fp32; no attention output or gradient here comes near it
-LAUNCH_PLUMBING = ("flashedu.triton_launch.check_inputs", "flashedu.triton_launch.rows_contiguous")
+LAUNCH_PLUMBING = (
+    "flashedu.kernels.launch.check_inputs",
+    "flashedu.kernels.launch.rows_contiguous",
+)
 GAP = 64  # NaN rows after each head's rows: more than a block can reach past the last row
 
 

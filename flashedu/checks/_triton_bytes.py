@@ -12,7 +12,7 @@ per key block, loads key blocks the causal mask hides, or writes S or P to HBM l
 and is told so in bytes ("your kernel read Q 3 times (6,144 B of a 2,048 B tensor): once per key
 block").
 
-Used by `flashedu.checks._triton`; tested in tests/test_checks_ch06.py and test_checks_ch07.py.
+Used by `flashedu.checks._triton`; tested in tests/checks/test_ch06.py and test_ch07.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import traffic
-from ..kernel_traffic import UNKNOWN
+from ..traffic.measured import UNKNOWN
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ wrong, one diagnosis: the case's own (rows that see no key), a float64 twin of a
 that the answer equals (`_attn_variants`), a TF32-sized error; if they are right, the bytes
 against the FA2 budget (`_triton_bytes`).
 
-Used by the graders in ch06.py and ch07.py; tested in tests/test_checks_ch06.py and ch07.
+Used by the graders in ch06.py and ch07.py; tested in tests/checks/test_ch06.py and ch07.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..kernel_traffic import UNKNOWN
 from ..testing import Tolerance, to_numpy
+from ..traffic.measured import UNKNOWN
 from . import _triton_bytes
 from ._attn_variants import TF32
 from ._triton import Run, measured_traffic, output_problem

@@ -6,7 +6,7 @@ computed from them is recorded with its shape; torch operations are seen through
 `TorchFunctionMode`; tracemalloc catches NumPy memory made some other way (`np.zeros((N, N))`), and
 `largest_array` then reruns the call once to find that array's shape among the frames' locals.
 `OnePass` hands out the columns of a 2-D array in blocks, once. Tested in
-tests/test_checks_method.py.
+tests/checks/test_method.py.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ dS = P * (dP - D),  D_i = sum_j P_ij dP_ij   (one number per row, elementwise pr
 
 @grader(
     "flashedu.checks.ch04.softmax_grad",
-    "flashedu.tiled_backward._tile_grads",
+    "flashedu.tiled_backward.tile_grads",
     formula=_GRAD_FORMULA,
 )
 def softmax_backward(fn, *, seed=None, out=print):

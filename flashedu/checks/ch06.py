@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
+from ..kernels.exercises import launch_forward
+from ..kernels.intro import kv_range
 from ..testing import Tolerance, random_qkv
-from ..triton_exercises import launch_forward
-from ..triton_intro import kv_range
 from . import _attn_variants, _kernel_cases, _tile_mistakes, _triton, _triton_judge
 from ._core import Case, grade, grader, rng_for
 
@@ -58,7 +58,7 @@ input_precision="ieee") * scale; s = tl.where(visible, s, -inf); store with the 
 """
 
 
-@grader("flashedu.triton_intro.scores", formula=SCORES_FORMULA)
+@grader("flashedu.kernels.intro.scores", formula=SCORES_FORMULA)
 def triton_scores(fn, *, seed=None, out=print):
     """Grade `fn(q, k, *, causal=False) -> s`: q (N_q, d) and k (N_k, d) float32 tensors of one
     head; s is (N_q, N_k) with s_ij = q_i . k_j / sqrt(d), and -inf where query i may not see key j
@@ -120,7 +120,7 @@ def _same_ints(got, expected) -> tuple[bool, str]:
     return ok, f"{g}" + ("" if ok else f", expected {tuple(expected)}")
 
 
-@grader("flashedu.triton_intro.kv_range")
+@grader("flashedu.kernels.intro.kv_range")
 def kv_block_range(fn, *, seed=None, out=print):
     """Grade `fn(first, last, N_q, N_k, block_n, *, causal=False) -> (lo, full_lo, full_hi, hi)`:
     for the query rows first..last (inclusive), the key stretches of the forward kernel, all
@@ -216,7 +216,7 @@ Optional: exp2 with log2(e) folded into the scale, lse = (m2 + log2(l)) * ln(2).
 """
 
 
-@grader("flashedu.triton_solutions.flash_forward_kernel", formula=FORWARD_FORMULA)
+@grader("flashedu.kernels.solutions.flash_forward_kernel", formula=FORWARD_FORMULA)
 def triton_forward(kernel, *, seed=None, out=print):
     """Grade exercise 6.3, the whole FlashAttention-2 forward kernel: `kernel` is a @triton.jit
     function with the skeleton's signature, launched by `triton_exercises.launch_forward` (or a
@@ -239,7 +239,7 @@ def _time_forward(kernel, out) -> None:
     """On a GPU: the learner's forward beside flashedu's and PyTorch's SDPA (information only)."""
     if not torch.cuda.is_available():
         return
-    from .. import triton_attention
+    from .. import kernels as triton_attention
 
     q, k, v = (torch.randn(4, 16, 4096, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     yours = (

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from .. import reference
+from ..kernels.exercises import launch_dkdv, launch_dq
 from ..testing import Tolerance, random_qkv
-from ..triton_exercises import launch_dkdv, launch_dq
 from . import _kernel_cases, _tile_mistakes, _triton, _triton_judge
 from ._core import Case, grade, grader, rng_for
 from .ch06 import device, one_head
@@ -38,7 +38,7 @@ both to float32, tl.sum(o * do, axis=1), store with the same mask.
 """
 
 
-@grader("flashedu.triton_backward.preprocess", formula=PREPROCESS_FORMULA)
+@grader("flashedu.kernels.bwd.preprocess", formula=PREPROCESS_FORMULA)
 def bwd_preprocess(fn, *, seed=None, out=print):
     """Grade `fn(o, do) -> delta`: o and do (B, H, N, d) float16 tensors; delta (B, H, N) float32
     with delta[b, h, i] = sum_k do[b, h, i, k] * o[b, h, i, k], products and sum in float32. A
@@ -83,7 +83,7 @@ exponential, so that -inf - (-inf) never reaches the output.
 """
 
 
-@grader("flashedu.triton_intro.probabilities", formula=PROBABILITIES_FORMULA)
+@grader("flashedu.kernels.intro.probabilities", formula=PROBABILITIES_FORMULA)
 def recompute_probabilities(fn, *, seed=None, out=print):
     """Grade `fn(q, k, lse, *, causal=False) -> p`: q (N_q, d), k (N_k, d) float32 tensors of one
     head and the forward's lse (N_q,) float32 (natural log); p (N_q, N_k) =
@@ -152,7 +152,7 @@ After the loops: store dk * sm_scale and dv once, masked cols < N_k.
 """
 
 
-@grader("flashedu.triton_solutions.dkdv_kernel", formula=DKDV_FORMULA)
+@grader("flashedu.kernels.solutions.dkdv_kernel", formula=DKDV_FORMULA)
 def triton_dkdv(kernel, *, seed=None, out=print):
     """Grade exercise 7.3, the dK/dV kernel of the FlashAttention-2 backward: `kernel` is a
     @triton.jit function with the skeleton's signature, launched by
@@ -172,7 +172,7 @@ After the loop: store dq * sm_scale once, masked rows < N_q.
 """
 
 
-@grader("flashedu.triton_solutions.dq_kernel", formula=DQ_FORMULA)
+@grader("flashedu.kernels.solutions.dq_kernel", formula=DQ_FORMULA)
 def triton_dq(kernel, *, seed=None, out=print):
     """Grade exercise 7.4, the dQ kernel of the FlashAttention-2 backward: `kernel` is a
     @triton.jit function with the skeleton's signature, launched by `triton_exercises.launch_dq`
@@ -187,7 +187,7 @@ def _time_backward(kind: str, kernel, out) -> None:
     (information only: the two whole backwards also run the preprocess and the other kernel)."""
     if not torch.cuda.is_available():
         return
-    from .. import triton_attention
+    from .. import kernels as triton_attention
 
     shape = (4, 16, 4096, 64)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(4))

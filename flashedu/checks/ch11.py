@@ -1,16 +1,16 @@
 """Graders for notebooks/11_hopper.ipynb: the exponential budget, an FP8 block quantiser, rotation.
 
 Exercise 11.1 asks for the seconds of matmul and of exponentials in one forward (the solution is
-`flashedu.hopper.softmax_budget`). The counts are exact: one exp and 4 d matmul FLOPs per visible
+`hopper.model.softmax_budget`). The counts are exact: one exp and 4 d matmul FLOPs per visible
 score, N^2 per head without a mask and N (N + 1) / 2 with the causal one, the diagonal included
 (as `traffic.attention_flops` and `traffic.exp_count` count them). The x0.5 that benchmark TFLOP/s
 use (`traffic.benchmark_flops`) is one of the named slips, beside the whole square counted under a
 causal mask, one matmul, an exp per multiply-add, TFLOP/s taken as FLOP/s and the pair reversed;
 answers are compared as ratios to the right pair, so the times' magnitude does not matter.
-Exercise 11.2 asks for e4m3 codes with one scale per block of rows (`flashedu.fp8.quantize`); the
+Exercise 11.2 asks for e4m3 codes with one scale per block of rows (`hopper.fp8.quantize`); the
 grader checks the method, not only the values: one global scale, scale = max instead of max / 448
 and a zero scale are named, and each line shows the worst block's error beside that of one global
-scale. Exercise 11.3 asks for the random Hadamard rotation of Q and K (`flashedu.fp8.rotate`): the
+scale. Exercise 11.3 asks for the random Hadamard rotation of Q and K (`hopper.fp8.rotate`): the
 scores must not change, an outlier must be spread, and the signs must come from the seed. All three
 run with flashedu's own implementations off limits; `checks.hint` prints each formula.
 """
@@ -22,7 +22,8 @@ import math
 import numpy as np
 import torch
 
-from .. import fp8, hopper
+from ..hopper import fp8
+from ..hopper import model as hopper
 from ._core import Case, Report, grade, grader, number_or_none, rng_for
 from ._method import forbid_flashedu
 
@@ -113,7 +114,7 @@ t_exp    =     B H * visible / (sfu_tflops * 1e12)          (one exp per visible
 """
 
 
-@grader("flashedu.hopper.softmax_budget", formula=_BUDGET_FORMULA)
+@grader("flashedu.hopper.model.softmax_budget", formula=_BUDGET_FORMULA)
 def exp_budget(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.1: `fn(B, H, N, d, *, causal, matmul_tflops, sfu_tflops)` -> (t_matmul, t_exp) in
     seconds for one forward with N_q = N_k = N: 4 d matmul FLOPs and one exponential per visible
@@ -252,7 +253,7 @@ codes   = (x / scale of the row's block).to(torch.float8_e4m3fn)    (rounds to n
 """
 
 
-@grader("flashedu.fp8.quantize", formula=_QUANT_FORMULA)
+@grader("flashedu.hopper.fp8.quantize", formula=_QUANT_FORMULA)
 def fp8_block_quantize(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.2: `fn(x, block)` for x (N, d) float32 -> (codes (N, d) torch.float8_e4m3fn,
     scales (ceil(N / block),) float32) with scale = max|x| over the block's rows / 448 and
@@ -351,7 +352,7 @@ return q @ M, k @ M
 """
 
 
-@grader("flashedu.fp8.rotate", formula=_ROTATE_FORMULA)
+@grader("flashedu.hopper.fp8.rotate", formula=_ROTATE_FORMULA)
 def hadamard_rotation(fn, *, seed=None, out=print) -> Report:
     """Exercise 11.3: `fn(q, k, seed)` for float64 arrays q (N_q, d), k (N_k, d), d a power of
     two -> (q @ M, k @ M) with M = diag(s) H / sqrt(d), H the Sylvester Hadamard matrix and s random

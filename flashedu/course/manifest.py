@@ -19,7 +19,7 @@ expected:
   (one book.toml lists);
 - exercises: flashedu/checks/chNN.py exports at least two graders, the notebook calls at least two
   of them on stubs (`raise NotImplementedError("Exercise ...")`), shows `checks.solution(...)`, and
-  tests/test_checks_chNN.py exists.
+  tests/checks/test_chNN.py exists.
 Limits: it reads notebooks as text and does not run them; nbval does that (`make test`).
 """
 
@@ -191,7 +191,7 @@ def _check_module(label: str, name: str, listed: set[str]) -> list[str]:
 
 def _check_exercises(root: Path, i: int, c: Chapter, text: str) -> list[str]:
     """Graders in flashedu.checks.chNN, called by the notebook on stubs, tested in
-    tests/test_checks_chNN.py."""
+    tests/checks/test_chNN.py."""
     nn, label = f"{i:02d}", f"chapter {i:02d} ({c.id})"
     try:
         graders = list(importlib.import_module(f"flashedu.checks.ch{nn}").__all__)
@@ -224,9 +224,9 @@ def _check_exercises(root: Path, i: int, c: Chapter, text: str) -> list[str]:
         problems.append(
             f"{label}: {c.notebook} never shows how to reveal a solution (checks.solution(...))"
         )
-    if not (root / "tests" / f"test_checks_ch{nn}.py").exists():
+    if not (root / "tests" / "checks" / f"test_ch{nn}.py").exists():
         problems.append(
-            f"{label}: tests/test_checks_ch{nn}.py is missing (the graders must be tested)"
+            f"{label}: tests/checks/test_ch{nn}.py is missing (the graders must be tested)"
         )
     return problems
 

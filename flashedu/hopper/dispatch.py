@@ -1,0 +1,68 @@
+"""The registry's "hopper" entry: the Hopper kernels where they run, the FA2 kernels elsewhere.
+
+`flashedu.attention(impl="auto")` picks this entry where `preferred(q, k, v)`: CUDA tensors on an
+sm_90 GPU at a head dim where the Gluon forward was measured faster than the FA2 forward;
+`impl="hopper"` asks for it by name. Where `takes(q, k, v)` (fp16/bf16, one head dim of 64 or 128
+for q, k and v, CUDA tensors on sm_90, or CPU tensors under TRITON_INTERPRET=1) the forward is a
+Hopper kernel: the Gluon one (`gluon_fwd`, FA3's overlap written out) on the GPU, the Triton one
+(`triton_fwd`) under the interpreter, which cannot run Gluon. Everything else, and every
+backward, goes to the FA2 kernels (`flashedu.kernels`) with the same arguments and contract: on
+the H200 the FA2 backward was faster than `triton_bwd`'s one-pass kernel
+(GPU_NOTES.md, "Hopper backward").
+
+Introduced in notebooks/11_hopper.ipynb.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import kernels
+from . import triton_fwd
+
+# Head dims where the Gluon forward beat the FA2 forward in one H200 run (round 4 in GPU_NOTES.md,
+# bf16 and fp16, causal and not: 1.04x to 1.13x); forward + backward were level (same backward).
+MEASURED_FASTER = (64, 128)
+
+
+def takes(q, k, v) -> bool:
+    """True where a Hopper forward runs: `triton_fwd.supports` for a CUDA device, or CPU tensors
+    under the interpreter, with one head dim for q, k and v."""
+    if not all(isinstance(x, torch.Tensor) and x.ndim == 4 for x in (q, k, v)):
+        return False
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d or q.dtype not in triton_fwd.DTYPES:
+        return False
+    if triton_fwd.interpreting():
+        return q.device.type == "cpu" and d in triton_fwd.HEAD_DIMS
+    if q.device.type != "cuda":
+        return False
+    return triton_fwd.supports(torch.cuda.get_device_capability(q.device), q.dtype, d)
+
+
+def preferred(q, k, v) -> bool:
+    """Whether `flashedu.attention(impl="auto")` should take this entry: `takes` on a real sm_90
+    GPU (never under the interpreter) at a head dim in MEASURED_FASTER."""
+    if triton_fwd.interpreting() or not takes(q, k, v):
+        return False
+    return q.device.type == "cuda" and q.shape[-1] in MEASURED_FASTER
+
+
+def forward(q, k, v, *, causal=False, softmax_scale=None, **options):
+    """(o, lse) by a Hopper forward where `takes`, else by `kernels.forward` (which also
+    takes the options the Hopper kernels do not: windows, ALiBi, score mods)."""
+    if not options and takes(q, k, v):
+        if triton_fwd.interpreting():
+            return triton_fwd.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        from . import gluon_fwd  # Gluon is imported only where it runs
+
+        return gluon_fwd.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return kernels.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, **options)
+
+
+def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, **options):
+    """(dq, dk, dv) by `kernels.backward`, the faster backward on the H200 (the forward's
+    o and lse are the same quantities whichever forward made them)."""
+    return kernels.backward(
+        do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale, **options
+    )

@@ -1,0 +1,56 @@
+"""Tile loads and stores for any head dim: the block is padded to a power of two, the loads masked.
+
+`tl.arange` and `tl.dot` need power-of-two extents, and a GPU's `tl.dot` needs at least 16 along
+each side, so a head dim d (1 to 256) is held in a tile of `pad_dim(d)` columns: the next power of
+two, at least 16. The columns past d are never read from HBM (the load is masked and fills 0) and
+never written back (the store is masked). Zero columns change nothing: they add 0 to every q . k
+and give 0 columns in p @ v, which the store drops. The inputs are never copied or padded in
+memory.
+
+When d is already a power of two >= 16 the column mask is left out at compile time (`D == BLOCK_D`
+is a constexpr test), so the head dims the kernels were tuned on compile exactly as before.
+The key and the value may have different head dims (E and Ev, as in PyTorch's SDPA): each tile is
+loaded with its own.
+
+Introduced in notebooks/06_triton_forward.ipynb.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MAX_HEAD_DIM = 256
+
+
+def pad_dim(d: int) -> int:
+    """The tile width for head dim d: the next power of two, at least 16 (a GPU tl.dot needs 16)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+@triton.jit
+def load_tile(
+    ptrs, rows, n_rows, dims, D: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr
+):
+    """(len(rows), BLOCK_D) tile at `ptrs`; rows >= n_rows (when CHECK_ROWS) and columns >= D read
+    as 0 and cost no HBM traffic."""
+    if CHECK_ROWS:
+        if D < BLOCK_D:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (dims[None, :] < D), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if D < BLOCK_D:
+            x = tl.load(ptrs, mask=dims[None, :] < D, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def store_tile(ptrs, x, rows, n_rows, dims, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write the first D columns of the rows < n_rows of tile x to `ptrs`; padding stays on chip."""
+    if D < BLOCK_D:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (dims[None, :] < D))
+    else:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)

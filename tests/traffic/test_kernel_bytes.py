@@ -1,0 +1,53 @@
+"""kernel_bytes: the sentences and bars that put a kernel's measured bytes beside the closed form,
+held to the package's kernels (which move exactly the closed forms' bytes)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+import torch
+
+from flashedu import kernels, traffic
+from flashedu.kernels import bwd as triton_backward
+from flashedu.testing import random_qkv
+from flashedu.traffic import kernel_bytes
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0:DeprecationWarning"
+)
+
+
+def test_describe_counts_each_tensor_and_names_the_loop():
+    B, H, N, d = 1, 2, 64, 32
+    q, k, v = random_qkv(B, H, N, N, d, "float32", kind="torch")
+    with traffic.measure() as m:
+        kernels.forward(q, k, v, block_m=16, block_n=16)
+    model = traffic.flash_forward(B, H, N, N, d, block_m=16, block_n=16, itemsize=4)
+    sizes = {name: t.nbytes for name, t in m.tensors.items()}
+    lines = kernel_bytes.describe(m.traffic(), model, sizes, per={4: "query block"})
+    assert lines[1] == (
+        "K: read 4 times (65,536 B of a 16,384 B tensor); the closed form also 4 times: "
+        "once per query block"
+    )
+    assert lines[0].startswith("Q: read once (16,384 B") and lines[-1].startswith("lse: written")
+    ax = kernel_bytes.plot(m.traffic(), model, "forward")
+    assert [t.get_text() for t in ax.get_xticklabels()][:2] == ["Q\nread", "K\nread"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_passes_are_the_two_pass_closed_form_without_the_preprocess(causal):
+    B, H, N_q, N_k, d = 1, 2, 37, 50, 16
+    q, k, v = random_qkv(B, H, N_q, N_k, d, "float32", kind="torch")
+    do = torch.randn_like(q)
+    o, lse = kernels.forward(q, k, v, causal=causal)
+    with traffic.measure() as m:
+        triton_backward.backward(do, q, k, v, o, lse, causal=causal, block_m=16, block_n=16)
+    passes = kernel_bytes.measured(m, skip=("attn_bwd_preprocess",))
+    model = kernel_bytes.backward_passes(
+        B, H, N_q, N_k, d, block_m=16, block_n=16, causal=causal, itemsize=4
+    )
+    assert passes == model
+    assert "O" not in passes.reads and "D" not in passes.writes
