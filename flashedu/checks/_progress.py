@@ -10,7 +10,7 @@ Nothing recorded is lost, whatever runs at the same time or dies half way:
 * every read-modify-write holds a lock file beside the target (`filelock`), so two notebooks, or a
   notebook and `python -m flashedu.checks`, grading at once both keep their records;
 * the new content goes to a unique temporary file in the same folder, is flushed to disk (fsync),
-  and only then replaces the target (`os.replace`, atomic on one file system): a process killed
+  and only then replaces the target (`flashedu._atomic.write_atomic`): a process killed
   before the replace leaves the previous file as it was (its temporary file is removed by the next
   writer, which holds the lock and so knows no one else is writing);
 * a file that cannot be read (not JSON, cut short, or JSON of the wrong shape) is moved aside to
@@ -31,13 +31,13 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 from filelock import FileLock
 
+from .._atomic import temp_prefix, write_atomic
 from ._shared import CHAPTER_OF, GRADERS
 
 ENV = "FLASHEDU_PROGRESS"
@@ -58,9 +58,9 @@ def path() -> Path | None:
     return Path.home() / ".flashedu" / "progress.json"
 
 
-def lock(p: Path, timeout: float = LOCK_TIMEOUT) -> FileLock:
+def lock(p: Path) -> FileLock:
     """The cross-process lock that serialises every read-modify-write of `p`."""
-    return FileLock(str(p) + ".lock", timeout=timeout)
+    return FileLock(str(p) + ".lock", timeout=LOCK_TIMEOUT)
 
 
 def _shape_error(data) -> str:
@@ -134,31 +134,9 @@ def load(p: Path | None = None, *, say: Callable = _say) -> dict:
 def _remove_stale(p: Path) -> None:
     """Temporary files of writers that died before their replace (the caller holds the lock, so
     no writer is alive)."""
-    for stale in p.parent.glob(f".{p.name}.*.tmp"):
+    for stale in p.parent.glob(f"{temp_prefix(p)}*.tmp"):
         with contextlib.suppress(OSError):
             stale.unlink()
-
-
-def write_atomic(p: Path, text: str) -> None:
-    """Write `text` to `p` through a unique temporary file in p's folder, fsync, then os.replace;
-    on any failure `p` is left as it was and the temporary file removed."""
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
-        dir_fd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def record(name: str, chapter: str, report, *, say: Callable = _say) -> bool:
