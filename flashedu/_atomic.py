@@ -36,7 +36,8 @@ def write_atomic(path, text: str) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     try:
-        os.fchmod(fd, _mode(path))  # mkstemp makes 0600; keep the file's mode, or a new file's
+        if hasattr(os, "fchmod"):  # mkstemp makes 0600: keep the old mode, or a new file's
+            os.fchmod(fd, _mode(path))
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

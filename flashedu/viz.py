@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from . import traffic
+from ._validate import check_int, check_real
 from .figures import (  # noqa: F401  (re-exported: the chapters call them as viz.*)
     KIND_CODE,
     KIND_COLORS,
@@ -60,6 +61,9 @@ TILE_RULES = {
 def _one_of(name: str, arg: str, value, options) -> None:
     if value not in options:
         raise ValueError(f"{name}: {arg} must be one of {list(options)}, got {value!r}")
+
+
+MAX_SRAM_KIB = 1024  # shared memory per thread block: 227 KiB on an H100, so 1 MiB is ample
 
 
 def explorer_state(
@@ -99,8 +103,12 @@ def explorer_state(
     _one_of("explorer_state", "algorithm", algorithm, ALGORITHMS)
     _one_of("explorer_state", "dtype", dtype, ITEMSIZE)
     _one_of("explorer_state", "tile_rule", tile_rule, TILE_RULES)
+    for arg, value in (("N", N), ("d", d), ("B", B), ("H", H)):
+        check_int(value, arg, name="explorer_state", low=1)
+    if sram_kib is not None:
+        check_real(sram_kib, "sram_kib", name="explorer_state", low=1, high=MAX_SRAM_KIB)
     g, e = traffic.gpu_preset(gpu), ITEMSIZE[dtype]
-    sram = int(sram_kib * 1024) if sram_kib else g.smem_per_block
+    sram = int(sram_kib * 1024) if sram_kib is not None else g.smem_per_block
     choice = traffic.tile_choice(
         sram,
         d,
@@ -111,6 +119,7 @@ def explorer_state(
         block_n=block_n,
     )
     bm, bn = choice.block_m, choice.block_n
+    traffic.check_query_blocks("explorer_state", N, bm, arg="N")
     shape = (B, H, N, N, d)
     if algorithm == "backward":
         standard = traffic.naive_backward(*shape, itemsize=e)
