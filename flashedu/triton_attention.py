@@ -40,6 +40,7 @@ import torch
 import triton  # noqa: E402  (after _env, which may set TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
+from ._nonfinite import poison_hidden_values
 from .autograd import flash_attention
 from .triton_backward import backward  # noqa: F401  (defined beside its kernels; re-exported)
 from .triton_common import LOG2E, block_range, visible  # noqa: F401  (LOG2E: chapter 06 uses it)
@@ -291,7 +292,10 @@ def forward(
     """
     name = "triton_attention.forward"
     pl = plan(q, k, v, causal, softmax_scale, window_size, alibi_slopes, score_mod, name)
-    return run_forward(q, k, v, pl, launch_config(block_m, block_n, num_warps, num_stages))
+    o, lse = run_forward(q, k, v, pl, launch_config(block_m, block_n, num_warps, num_stages))
+    left = pl.left if pl.flags["HAS_LEFT"] else -1
+    right = pl.right if pl.flags["HAS_RIGHT"] else -1
+    return poison_hidden_values(o, v, pl.N_q, left, right), lse  # non-finite v: as the reference
 
 
 def attention(
