@@ -13,16 +13,18 @@ How it is stopped, and what that can and cannot reach:
   timer raises the exception from its signal handler. Python runs a handler between bytecodes, so
   a pure-Python loop stops within milliseconds, and so does `time.sleep`. A single long call into
   C (one huge NumPy or torch operation) is stopped when it returns to Python, not before. The timer
-  fires again every quarter second, so a learner's `except BaseException: pass` cannot swallow it
-  for good.
+  fires again every quarter second; should the function have swallowed the first exception (an
+  `except BaseException: pass` in a loop), every line it runs from then on raises again (a trace
+  function, installed only then), which no handler can absorb.
 * Elsewhere (Windows, or a grader called from another thread) a watchdog thread raises the
   exception in the grading thread with `PyThreadState_SetAsyncExc`: the same reach, but not
   `time.sleep`.
 * Neither can stop a GPU kernel. A Triton launch that never finishes on a GPU blocks the next
   synchronising call inside C; only restarting the kernel (the notebook's, which also frees the GPU)
   ends it. Under TRITON_INTERPRET=1 (no GPU) a launch is Python code and is stopped like any loop.
-`sys.settrace` would reach no further, slows every line the learner runs, and clashes with the
-graders' own tracers (`_watch.find_large_local`), so it is not used.
+A trace function from the start would reach no further, would slow every line the learner runs,
+and would clash with the graders' own tracers (`_watch.find_large_local`): it is used only for
+that escalation.
 
 Inputs. `on_copies(fn)` gives the learner copies of a case's arrays and tensors and afterwards
 compares them with the originals: a function that writes into an input is a failed case that names
@@ -40,6 +42,7 @@ import ctypes
 import math
 import os
 import signal
+import sys
 import threading
 from typing import Any, Callable
 
@@ -93,6 +96,8 @@ def case_seconds() -> float:
 @contextlib.contextmanager
 def seconds_per_case(value):
     """Within the block, every case gets `value` seconds (None: the default)."""
+    if value is None:
+        case_seconds()  # a bad FLASHEDU_TIME_LIMIT is refused before any case runs
     token = _OVERRIDE.set(None if value is None else check_seconds(value))
     try:
         yield
@@ -100,22 +105,52 @@ def seconds_per_case(value):
         _OVERRIDE.reset(token)
 
 
+def _raise_everywhere(seconds: float, frame, start) -> None:
+    """Escalation for a function that swallowed the exception and kept going: from now on every
+    line it runs raises again, so an `except` that catches it raises from its own first line and
+    the exception climbs out of every handler. The frame that entered the limit and its callers
+    (the grader) are left alone, as are this module and contextlib (the limit's own exit)."""
+    protected, f = set(), start
+    while f is not None:
+        protected.add(id(f))
+        f = f.f_back
+    ours = (__file__, contextlib.__file__)
+
+    def tracer(f, event, arg):
+        if event in ("line", "call") and id(f) not in protected:
+            if f.f_code.co_filename not in ours:
+                raise TimeLimitExceeded(seconds)
+        return tracer
+
+    sys.settrace(tracer)
+    while frame is not None and id(frame) not in protected:
+        frame.f_trace = tracer
+        frame = frame.f_back
+
+
 @contextlib.contextmanager
 def _alarm(seconds: float):
-    armed = [True]
+    state = {"armed": True, "fired": 0}
+    old_trace, start = sys.gettrace(), sys._getframe(2)  # the frame that entered the limit
 
     def handler(signum, frame):
-        if armed[0]:
-            raise TimeLimitExceeded(seconds)
+        if not state["armed"]:
+            return
+        state["fired"] += 1
+        if state["fired"] > 1:  # the first one was swallowed
+            _raise_everywhere(seconds, frame, start)
+        raise TimeLimitExceeded(seconds)
 
     old_handler = signal.signal(signal.SIGALRM, handler)
     old_timer = signal.setitimer(signal.ITIMER_REAL, seconds, REFIRE_SECONDS)
     try:
         yield
     finally:
-        armed[0] = False
+        state["armed"] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
+        if state["fired"] > 1:
+            sys.settrace(old_trace)
         if old_timer[0] > 0:  # an enclosing limit keeps running
             signal.setitimer(signal.ITIMER_REAL, *old_timer)
 
