@@ -226,12 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds one cell may run before it is interrupted (default 600)",
     )
     args = parser.parse_args(argv)
+    missing = [str(p) for p in args.notebooks if not p.is_file()]
+    if missing:  # a typo in the command: said before anything runs
+        parser.error(f"no such notebook: {', '.join(missing)}")
     failed, counts, broken = False, {"passed": 0, "wrong": 0, "not attempted": 0, "not run": 0}, []
     for path in args.notebooks:
-        if not path.is_file():
-            rows, errors, why = [], [], "no such file"
-        else:
-            rows, errors, why = run(path, args.timeout)
+        rows, errors, why = run(path, args.timeout)
         if rows or errors or not why:
             scorecard(path, rows, errors)
         if why:
