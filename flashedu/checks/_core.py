@@ -327,7 +327,7 @@ def grader(solution_name: str, *more_solutions: str, formula: str = ""):
             seed = secrets.randbelow(10**6) if seed is None else seed
             token = _RUN.set(_Run(seed, run.formula))
             try:
-                with seconds_per_case(time_limit):
+                with seconds_per_case(time_limit, g.__module__):
                     report = g(fn, *args, seed=seed, out=out, **kwargs)
             finally:
                 _RUN.reset(token)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -147,6 +148,28 @@ def test_the_cli_grades_every_notebook_whatever_happens_to_one(tmp_path, capsys)
     assert "  cell 0 raised ZeroDivisionError: division by zero" in out
     assert "  cell 1 timed out after 3 s and was interrupted" in out
     assert out[-1] == "0 passed, 0 wrong, 0 not attempted, 0 not run"
+
+
+def test_in_a_kernel_a_timed_out_grader_leaves_the_notebook_usable(tmp_path, monkeypatch):
+    """The limit runs inside ipykernel (cells execute in its main thread, where SIGALRM works):
+    the endless exercise is reported as timed out and the next cells run as usual."""
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # this checkout
+    endless = "def mine(q, k, v, causal=False):\n    while True:\n        pass\n"
+    nb = nbformat.read(
+        _notebook(
+            tmp_path / "endless.ipynb",
+            "from flashedu import checks",
+            endless + "checks.naive_attention(mine, time_limit=0.5);",
+            "print('still alive')",
+        ),
+        as_version=4,
+    )
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()  # raises if a cell does
+    text = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
+    assert "case 1: one query, one key: timed out after 0.5 s" in text[1]
+    assert text[2] == "still alive\n"
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
