@@ -135,10 +135,10 @@ def _run_gpu(a: argparse.Namespace, gpu_name: str) -> int:
     result = gpu.run(quick=a.quick, out=out)
     for r in result.get("refused", []):
         print(f"refused {r['impl']} {r['dtype']} d={r['d']} causal={r['causal']}: {r['detail']}")
-    print(f"wrote {out}")
     if not result.get("timing"):
-        print("nothing was timed: every kernel was refused", file=sys.stderr)
+        print(f"nothing was timed: every kernel was refused; {out} not written", file=sys.stderr)
         return 1
+    print(f"wrote {out}")
     return 1 if any(r["impl"] == "flashedu-triton" for r in result.get("refused", [])) else 0
 
 

@@ -35,6 +35,7 @@ import triton  # noqa: E402  (after flashedu, which sets the interpreter flag wh
 import triton.testing  # noqa: E402
 
 from .. import triton_attention as ta
+from .._atomic import write_atomic
 from ..testing import tolerance
 from ..traffic import attention_flops
 
@@ -160,7 +161,7 @@ def run(
     **sweep,
 ) -> dict:
     """Check, then time the sweep (QUICK or FULL, overridable by N=, d=, causal=, dtype=); write
-    JSON to `out`."""
+    JSON to `out`, atomically and only when something was timed."""
     if not torch.cuda.is_available():
         raise RuntimeError(
             "flashedu.bench.gpu.run needs a CUDA GPU; "
@@ -198,9 +199,9 @@ def run(
         "timing": timing,
         "refused": refused,
     }
-    if out is not None:
+    if out is not None and timing:  # a run that timed nothing leaves an existing file alone
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        write_atomic(out, json.dumps(result, indent=1) + "\n")
     return result
 
 
