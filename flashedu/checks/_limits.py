@@ -17,8 +17,9 @@ How it is stopped, and what that can and cannot reach:
   `except BaseException: pass` in a loop), every line it runs from then on raises again (a trace
   function, installed only then), which no handler can absorb.
 * Elsewhere (Windows, or a grader called from another thread) a watchdog thread raises the
-  exception in the grading thread with `PyThreadState_SetAsyncExc`: the same reach, but not
-  `time.sleep`.
+  exception in the grading thread with `PyThreadState_SetAsyncExc`, again every quarter second:
+  the same reach, but neither `time.sleep` nor a function that swallows every exception forever
+  (a trace function cannot be installed in another thread).
 * Neither can stop a GPU kernel. A Triton launch that never finishes on a GPU blocks the next
   synchronising call inside C; only restarting the kernel (the notebook's, which also frees the GPU)
   ends it. Under TRITON_INTERPRET=1 (no GPU) a launch is Python code and is stopped like any loop.
