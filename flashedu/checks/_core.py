@@ -47,7 +47,14 @@ import numpy as np
 
 from ..testing import Tolerance, max_error, to_numpy
 from . import _progress
-from ._limits import TimeLimitExceeded, case_seconds, on_copies, seconds_per_case, time_limit
+from ._limits import (
+    TimeLimitExceeded,
+    case_seconds,
+    on_copies,
+    seconds_per_case,
+    time_limit,
+    watched,
+)
 from ._method import forbid_flashedu
 from ._report import WIDTH, candidates, choose, lead_block, same, table  # noqa: F401
 from ._shared import Shortcut, solution_function  # noqa: F401  (solution_function: re-exported)
@@ -189,11 +196,13 @@ class _ChangedInput(Exception):
 
 def _call(fn, case: Case):
     """fn on the case within the time limit, on copies of the case's inputs (a case with its own
-    runner builds them itself); raises _ChangedInput for a function that wrote into one."""
+    runner hands over its own, compared afterwards); raises _ChangedInput for a function that
+    wrote into one."""
     with time_limit(case_seconds()):
         if case.call:
-            return case.call(fn)
-        got, changed = on_copies(fn, case.args, case.kwargs)
+            got, changed = watched(fn, case.call, case.args, case.kwargs)
+        else:
+            got, changed = on_copies(fn, case.args, case.kwargs)
     if changed:
         raise _ChangedInput(changed)
     return got

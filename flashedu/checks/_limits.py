@@ -29,8 +29,10 @@ that escalation.
 
 Inputs. `on_copies(fn)` gives the learner copies of a case's arrays and tensors and afterwards
 compares them with the originals: a function that writes into an input is a failed case that names
-the argument (a caller's arrays must not change under it). Cases with their own runner
-(`Case.call`) build their inputs themselves and are not copied.
+the argument (a caller's arrays must not change under it). A case with its own runner (`Case.call`,
+which may hand over instrumented arrays that a copy would disturb) runs on the case's arrays, and
+`watched` compares them with a copy taken before: the same verdict, though the arrays themselves
+were not protected.
 
 Used by `_core.grade`; tested in tests/faults/test_faults_hangs.py and test_faults_silent.py.
 """
@@ -248,14 +250,29 @@ def _names(fn, n_args: int) -> list[str]:
     return [params[i] if i < len(params) else f"argument {i}" for i in range(n_args)]
 
 
+def first_changed(fn: Callable, before: tuple, args: tuple, kwargs: dict) -> str:
+    """The name of the first of args / kwargs that differs from `before` = _copy((args, kwargs)),
+    named as fn names its parameters; "" when none changed."""
+    old_args, old_kwargs = before
+    for name, a, c in zip(_names(fn, len(args)), old_args, args):
+        if not _same(a, c):
+            return name
+    for key, a in old_kwargs.items():
+        if not _same(a, kwargs.get(key)):
+            return key
+    return ""
+
+
+def watched(fn: Callable, call: Callable, args: tuple, kwargs: dict) -> tuple[Any, str]:
+    """For a case with its own runner, which hands fn the case's own arrays: (call(fn), the name
+    of the first of them fn changed, or "")."""
+    before = _copy((args, kwargs))
+    got = call(fn)
+    return got, first_changed(fn, before, args, kwargs)
+
+
 def on_copies(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str]:
     """(fn's answer on copies of args and kwargs, "" or the name of the first input it changed)."""
     args_c, kwargs_c = _copy(args), _copy(kwargs)
     got = fn(*args_c, **kwargs_c)
-    for name, a, c in zip(_names(fn, len(args)), args, args_c):
-        if not _same(a, c):
-            return got, name
-    for key, a in kwargs.items():
-        if not _same(a, kwargs_c[key]):
-            return got, key
-    return got, ""
+    return got, first_changed(fn, (args, kwargs), args_c, kwargs_c)

@@ -39,6 +39,20 @@ def test_a_grader_rejects_a_function_that_writes_into_its_input(arg):
     assert f"changed its input {arg} in place" in report.text
 
 
+def test_a_case_with_its_own_runner_is_checked_on_its_arrays():
+    from flashedu.checks import Case, grade
+
+    x = np.ones(3)
+
+    def writes(a):
+        a[0] = 5.0
+        return a.sum()
+
+    case = Case("own runner", (x,), 7.0, call=lambda f: f(x))  # the runner hands over x itself
+    report = grade("demo", writes, [case], out=lambda line: None)
+    assert not report.passed and "changed its input a in place" in report.text
+
+
 def test_a_function_that_leaves_its_inputs_alone_still_passes():
     assert checks.naive_attention(_attention, seed=3, out=lambda line: None).passed
 
