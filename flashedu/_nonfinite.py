@@ -9,8 +9,9 @@ see never multiply those zeros by v, so they would keep such rows finite: `poiso
 restores the reference's answer after the kernel, with O(N d) elementwise work beside the kernel's
 O(N^2 d), and leaves the kernels themselves as they are.
 
-Used by `flashedu.tiled.forward` (NumPy, `poison_hidden_values_np`), `flashedu.torch_tiled.forward`
-and `flashedu.triton_attention.forward`; `flashedu.naive` multiplies the whole P by V and agrees
+Used by `flashedu.tiled.forward` (NumPy, `poison_hidden_values_np`),
+`flashedu.torch_tiled.forward`, `flashedu.triton_attention.forward` and the Hopper kernels'
+dispatch (`hopper_dispatch.forward`); `flashedu.naive` multiplies the whole P by V and agrees
 already. Only the forward's output is covered: gradients of non-finite inputs are not specified.
 Tested in tests/faults/test_faults_silent.py.
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import triton_attention, triton_backward, triton_hopper
+from ._nonfinite import poison_hidden_values
 
 # Head dims where the Gluon forward beat the FA2 forward in one H200 run (round 4 in GPU_NOTES.md,
 # bf16 and fp16, causal and not: 1.04x to 1.13x); forward + backward were level (same backward).
@@ -52,10 +53,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, **options):
     takes the options the Hopper kernels do not: windows, ALiBi, score mods)."""
     if not options and takes(q, k, v):
         if triton_hopper.interpreting():
-            return triton_hopper.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
-        from . import gluon_hopper  # Gluon is imported only where it runs
+            o, lse = triton_hopper.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        else:
+            from . import gluon_hopper  # Gluon is imported only where it runs
 
-        return gluon_hopper.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+            o, lse = gluon_hopper.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        # the skipped blocks' keys: a non-finite v there is NaN in every row, as in the reference
+        return poison_hidden_values(o, v, q.shape[2], -1, 0 if causal else -1), lse
     return triton_attention.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, **options)
 
 

@@ -95,6 +95,16 @@ def test_the_reported_nan_case_now_gives_256_nan_rows_everywhere():
     assert set(rows.values()) == {256}, rows
 
 
+def test_the_hopper_path_propagates_as_the_reference_too():
+    """float16 takes the Hopper kernel (interpreted here), which skips masked blocks too."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, 64, 64, generator=g) for _ in range(3))
+    v[0, 0, 63, 3] = float("nan")
+    ref = reference.forward(*(x.double().numpy() for x in (q, k, v)), causal=True)[0]
+    o = attention(q.half(), k.half(), v.half(), causal=True, impl="hopper")
+    assert (o.isnan().numpy() == np.isnan(ref)).all()
+
+
 # (N_q, N_k, H, H_kv, window_size, causal, value)
 NONFINITE = [
     (40, 24, 2, 1, None, True, float("inf")),  # fully masked rows, GQA
