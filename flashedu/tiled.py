@@ -39,7 +39,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import softmax
-from .masks import row_blocks
+from ._nonfinite import poison_hidden_values_np
+from .masks import band, row_blocks
 from .tiled_backward import backward
 from .tiling import Problem, scores, setup
 from .traffic.ledger import NULL_LEDGER, Ledger
@@ -212,7 +213,10 @@ def forward(
     k = k.astype(p.acc, copy=False)[:, :, None]  # (B, H_kv, 1, N_k, d)
     v = v.astype(p.acc, copy=False)[:, :, None]
     o, lse = (forward_fa2 if order == "fa2" else forward_fa1)(p, qs, k, v, ledger)
-    return o.reshape(p.B, p.H, p.N_q, p.d_v), lse.reshape(p.B, p.H, p.N_q)
+    o = o.reshape(p.B, p.H, p.N_q, p.d_v)
+    # the skipped tiles' keys: a non-finite v there is NaN in every row, as in the reference
+    _, left, right = band(p.N_q, p.N_k, causal=p.causal, window_size=p.window_size)
+    return poison_hidden_values_np(o, v[:, :, 0], p.N_q, left, right), lse.reshape(p.B, p.H, p.N_q)
 
 
 __all__ = ["forward", "backward", "setup", "scores", "Problem"]

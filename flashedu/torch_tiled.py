@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ._nonfinite import poison_hidden_values
 from .dtypes import acc_dtype
 from .validation import check_backward, check_block, check_causal, check_qkv, resolve_scale
 
@@ -145,7 +146,9 @@ def forward(
         o[..., i0 : i0 + block_m, :], lse[..., i0 : i0 + block_m] = forward_rows(
             q_i, kg, vg, i0, scale, causal, N_k - N_q, block_n
         )
-    return o.reshape(B, H, N_q, v.shape[-1]).to(q.dtype), lse.reshape(B, H, N_q)
+    o = o.reshape(B, H, N_q, v.shape[-1]).to(q.dtype)
+    # the skipped blocks' keys: a non-finite v there is NaN in every row, as in the reference
+    return poison_hidden_values(o, v, N_q, -1, 0 if causal else -1), lse.reshape(B, H, N_q)
 
 
 def _backward_cols(j0, qg, kg, vg, dog, lse, delta, dq, scale, causal, block_m, block_n):

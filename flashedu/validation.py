@@ -214,22 +214,70 @@ def _check_lse_values(lse, name: str) -> None:
         )
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def check_window(window_size, *, name: str = "attention") -> tuple[int, int] | None:
     """(left, right) keys visible around the diagonal; -1 means unbounded on that side; None means
-    no window."""
+    no window.
+
+    Only a pair of ints (a tuple or a list) is taken: a string such as "12" would unpack into
+    ("1", "2"), a float would be truncated and a bool read as 0 or 1, so each is refused.
+    """
     if window_size is None:
         return None
-    try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
+    if isinstance(window_size, (str, bytes)) or not isinstance(window_size, (tuple, list)):
+        raise TypeError(
+            f"{name}: window_size must be a pair (left, right) of ints or None, got "
+            f"{type(window_size).__name__} {window_size!r}"
+        )
+    if len(window_size) != 2 or not all(_is_int(w) for w in window_size):
         raise TypeError(
             f"{name}: window_size must be a pair (left, right) of ints or None, got {window_size!r}"
-        ) from None
+        )
+    left, right = (int(w) for w in window_size)
     if left < -1 or right < -1:
         raise ValueError(
             f"{name}: window_size entries must be >= 0, or -1 for unbounded, got {window_size!r}"
         )
     return left, right
+
+
+def check_int(value, arg: str, *, name: str, low: int = 1, high: int | None = None) -> int:
+    """An int (not a bool, a float or a string) in [low, high]; a TypeError or ValueError naming
+    the function, the argument, the value and the range."""
+    want = f"an int >= {low}" if high is None else f"an int in [{low}, {high:,}]"
+    if not _is_int(value):
+        raise TypeError(f"{name}: {arg} must be {want}, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name}: {arg} must be {want}, got {value!r}")
+    return int(value)
+
+
+def check_real(value, arg: str, *, name: str, low: float, high: float) -> float:
+    """A finite real number (not a bool or a string) in [low, high]."""
+    if not _is_real(value):
+        raise TypeError(
+            f"{name}: {arg} must be a number in [{low:g}, {high:g}], got "
+            f"{type(value).__name__} {value!r}"
+        )
+    x = float(value)
+    if not (math.isfinite(x) and low <= x <= high):
+        raise ValueError(f"{name}: {arg} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return x
+
+
+def check_impl(impl, names, *, name: str, extra: str = "") -> str:
+    """`impl` must be a str among `names`; checked before anything runs, even when nothing would."""
+    names = list(names)
+    if not isinstance(impl, str):
+        raise TypeError(
+            f"{name}: impl must be a str, one of {names}, got {type(impl).__name__} {impl!r}"
+        )
+    if impl not in names:
+        raise ValueError(f"{name}: impl must be one of {names}, got {impl!r}{extra}")
+    return impl
 
 
 def check_slopes(alibi_slopes, H: int, *, B: int | None = None, name: str = "attention"):

@@ -31,7 +31,8 @@ from typing import Callable
 import torch
 
 from .api import attention
-from .validation import check_varlen, resolve_scale
+from .registry import IMPLEMENTATIONS
+from .validation import check_impl, check_varlen, resolve_scale
 
 
 def _triton_varlen(*args, **kw):
@@ -45,6 +46,13 @@ def _triton_varlen(*args, **kw):
 # impl name -> a one-launch fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale)
 PACKED: dict[str, Callable] = {"triton": _triton_varlen}
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
+
+
+def varlen_impls() -> list[str]:
+    """What `impl` may name: "auto", the one-launch `PACKED` kernels, and every
+    `flashedu.attention` implementation for the per-sequence loop."""
+    looped = [n for n in IMPLEMENTATIONS if n != "reference"]
+    return ["auto", *dict.fromkeys([*PACKED, *looped])]
 
 
 def loop(
@@ -63,7 +71,10 @@ def loop(
     """The per-sequence path: `flashedu.attention` on each (1, H, len, d) slice, concatenated.
 
     Differentiable (autograd through the slices); max_seqlen_* go unused, as nothing is padded.
+    `impl` is checked first, so a bad name is refused even when no sequence would run.
     """
+    looped = ["auto", *(n for n in IMPLEMENTATIONS if n != "reference")]
+    check_impl(impl, looped, name="attention_varlen.loop")
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs = []
     for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
@@ -109,6 +120,7 @@ def attention_varlen(
         o: (total_q, H, d) in q's dtype; rows with nothing visible are 0.
     """
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_impl(impl, varlen_impls(), name="attention_varlen")
     if not isinstance(causal, bool):
         raise TypeError(f"attention_varlen: causal must be a bool, got {causal!r}")
     scale = resolve_scale(softmax_scale, q.shape[2], name="attention_varlen")

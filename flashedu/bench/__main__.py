@@ -135,10 +135,10 @@ def _run_gpu(a: argparse.Namespace, gpu_name: str) -> int:
     result = gpu.run(quick=a.quick, out=out)
     for r in result.get("refused", []):
         print(f"refused {r['impl']} {r['dtype']} d={r['d']} causal={r['causal']}: {r['detail']}")
-    print(f"wrote {out}")
     if not result.get("timing"):
-        print("nothing was timed: every kernel was refused", file=sys.stderr)
+        print(f"nothing was timed: every kernel was refused; {out} not written", file=sys.stderr)
         return 1
+    print(f"wrote {out}")
     return 1 if any(r["impl"] == "flashedu-triton" for r in result.get("refused", [])) else 0
 
 
@@ -148,6 +148,13 @@ def _run_cpu(a: argparse.Namespace, argv: list[str]) -> int:
         out = out / ("cpu_quick.json" if a.quick else "cpu_local.json")
     avail = _available_bytes()
     max_bytes = a.max_mem_gib * 2**30 if a.max_mem_gib else (0.6 * avail if avail else None)
+    if avail and max_bytes > avail:
+        print(
+            f"--max-mem-gib {a.max_mem_gib:g} is more than the {avail / 2**30:.1f} GiB available "
+            "now: the available memory is the budget",
+            file=sys.stderr,
+        )
+        max_bytes = avail
     result = run_cpu(
         impls=a.impls,
         quick=a.quick,
@@ -165,7 +172,10 @@ def _run_cpu(a: argparse.Namespace, argv: list[str]) -> int:
         repeats=a.repeats,
     )
     if not result["timing"]:
-        print("nothing was timed: every case was refused, unavailable or skipped", file=sys.stderr)
+        print(
+            "nothing was timed: every case was refused, unavailable or skipped",
+            file=sys.stderr,
+        )
         return 1
     return 1 if result["refused"] else 0
 

@@ -227,6 +227,46 @@ def _predicted_bytes(backend: Backend, B, H, N, d, dtype) -> int:
     return n2 + 16 * B * H * N * d * acc
 
 
+def input_bytes(B, H, N, d, dtype) -> int:
+    """Peak bytes of drawing one kind's q, k, v, do: float64 draws, then the converted copies."""
+    return 4 * B * H * N * d * (8 + (8 if dtype == "float64" else 4))
+
+
+def gib(n: float) -> str:
+    """Bytes for a reader: '1.5 GiB', '910.0 TiB', '8.3e+06 TiB'."""
+    for unit, size in (("GiB", 2**30), ("TiB", 2**40)):
+        if n < 1024 * size or unit == "TiB":
+            return f"{n / size:.1f} {unit}" if n / size < 1e6 else f"{n / size:.1e} {unit}"
+    raise AssertionError("unreachable")
+
+
+def plan(bks, *, N, B, H, d, passes, dtype="float32", max_bytes=None):
+    """Which (backend, pass) runs at each N, decided from the sizes alone before anything is
+    allocated: ({N: [(backend, pass)]}, skipped rows). A run needs the predicted peak of the
+    implementation plus the inputs of every array kind that N draws."""
+    runs, skipped = {}, []
+    for n in N:
+        fits = []
+        for b, pass_ in ((b, p) for b in bks for p in passes):
+            need = _predicted_bytes(b, B, H, n, d, dtype) * (2 if pass_ == "fwd_bwd" else 1)
+            need += input_bytes(B, H, n, d, dtype)
+            if max_bytes is not None and need > max_bytes:
+                skipped.append(
+                    {
+                        "impl": b.name,
+                        "N": n,
+                        "pass": pass_,
+                        "need_bytes": need,
+                        "reason": f"needs about {gib(need)} (predicted peak with its inputs), "
+                        f"more than the budget of {gib(max_bytes)}: not run",
+                    }
+                )
+            else:
+                fits.append((b, pass_))
+        runs[n] = fits
+    return runs, skipped
+
+
 class Progress:
     """A plain-text progress bar on stderr: `[#####-----] 5/10 naive N=4096 fwd`."""
 
@@ -261,31 +301,24 @@ def sweep(
     rng=None,
     progress=None,
 ) -> tuple[list[dict], list[dict]]:
-    """Time every backend on the same inputs for each N; returns (timing rows, skipped rows)."""
+    """Time every backend on the same inputs for each N; returns (timing rows, skipped rows).
+
+    What fits in `max_bytes` is decided by `plan` first: an N nothing fits allocates nothing."""
     rng = np.random.default_rng() if rng is None else rng
-    timing, skipped = [], []
+    runs, skipped = plan(bks, N=N, B=B, H=H, d=d, passes=passes, dtype=dtype, max_bytes=max_bytes)
+    timing = []
     for n in N:
         draw = rng.integers(2**32)
+        if not runs[n]:
+            continue
         inputs = {
             kind: _inputs(B, H, n, n, d, dtype, kind, np.random.default_rng(draw))
-            for kind in ("numpy", "torch")
+            for kind in dict.fromkeys(b.kind for b, _ in runs[n])
         }
-        for b, pass_ in ((b, p) for b in bks for p in passes):
+        for b, pass_ in runs[n]:
             q, k, v, do = inputs[b.kind]
             if progress:
                 progress.step(f"{b.name} N={n} {pass_}")
-            need = _predicted_bytes(b, B, H, n, d, dtype) * (2 if pass_ == "fwd_bwd" else 1)
-            if max_bytes is not None and need > max_bytes:
-                skipped.append(
-                    {
-                        "impl": b.name,
-                        "N": n,
-                        "pass": pass_,
-                        "reason": f"predicted peak "
-                        f"{need / 2**30:.1f} GiB > budget {max_bytes / 2**30:.1f} GiB: not run",
-                    }
-                )
-                continue
             call = (
                 (lambda: b.forward(q, k, v, causal))
                 if pass_ == "fwd"
@@ -308,6 +341,7 @@ def sweep(
                     "tflops": tflops(B, H, n, d, sec * 1e3, causal=causal, pass_=pass_),
                 }
             )
+        del inputs
     return timing, skipped
 
 
@@ -345,7 +379,7 @@ def run_cpu(
     **sizes,
 ) -> dict:
     """Check, then time the CPU sweep; write JSON to `out` (a path, or None) and return the result
-    dict.
+    dict. `out` is written atomically, and only when at least one row was timed.
 
     sizes: N (list), B, H, d, repeats; defaults from QUICK or FULL.
     """
@@ -365,7 +399,8 @@ def run_cpu(
     for name, why in unavailable.items():
         log(f"unavailable: {name}: {why}")
     correctness, good = _check_all(bks, cfg, rng, log)
-    total = len(good) * len(cfg["N"]) * len(cfg["passes"])
+    sizes = {k: cfg[k] for k in ("N", "B", "H", "d", "passes", "dtype")}
+    total = sum(map(len, plan(good, **sizes, max_bytes=max_bytes)[0].values()))
     timing, skipped = sweep(
         good,
         N=cfg["N"],
@@ -390,9 +425,12 @@ def run_cpu(
         "timing": timing,
         "skipped": skipped,
     }
-    log(table(timing, baseline))
+    if timing:
+        log(table(timing, baseline))
     for s in skipped:
         log(f"skipped {s['impl']} N={s['N']} {s['pass']}: {s['reason']}")
-    if out is not None:
+    if out is not None and timing:
         log(f"wrote {write(result, out)}")
+    elif out is not None:
+        log(f"nothing was timed, so {out} was not written (an existing file is left as it was)")
     return result

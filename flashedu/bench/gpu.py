@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .._atomic import write_atomic
 from ..api import attention
 from ..testing import tolerance
 from ..traffic import attention_flops
@@ -163,7 +164,7 @@ def run(
     **sweep,
 ) -> dict:
     """Check, then time the sweep (QUICK or FULL, overridable by N=, d=, causal=, dtype=); write
-    JSON to `out`."""
+    JSON to `out`, atomically and only when something was timed."""
     if not torch.cuda.is_available():
         raise RuntimeError(
             "flashedu.bench.gpu.run needs a CUDA GPU; "
@@ -201,9 +202,9 @@ def run(
         "timing": timing,
         "refused": refused,
     }
-    if out is not None:
+    if out is not None and timing:  # a run that timed nothing leaves an existing file alone
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        write_atomic(out, json.dumps(result, indent=1) + "\n")
     return result
 
 

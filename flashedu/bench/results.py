@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._atomic import write_atomic
 from .._env import ROOT
 from ..traffic import attention_flops
 
@@ -112,10 +113,11 @@ def meta(command: str, seed: int, config: dict) -> dict:
 
 
 def write(result: dict, out) -> Path:
+    """Write `result` to `out` atomically (`flashedu._atomic`): a run killed half way leaves the
+    previous file whole."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    return out
+    return write_atomic(out, json.dumps(result, indent=1) + "\n")
 
 
 def portable_command(command: str) -> str:

@@ -47,6 +47,14 @@ import numpy as np
 
 from ..testing import Tolerance, max_error, to_numpy
 from . import _progress
+from ._limits import (
+    TimeLimitExceeded,
+    case_seconds,
+    on_copies,
+    seconds_per_case,
+    time_limit,
+    watched,
+)
 from ._method import forbid_flashedu
 from ._report import WIDTH, candidates, choose, lead_block, same, table  # noqa: F401
 from ._shared import Shortcut, solution_function  # noqa: F401  (solution_function: re-exported)
@@ -182,13 +190,49 @@ class _Outcome:
 _CALLED = "the exercise asks for your own code, so flashedu's implementations are off limits"
 
 
+class _ChangedInput(Exception):
+    """The learner's function wrote into one of its inputs (the argument's name)."""
+
+
+def _call(fn, case: Case):
+    """fn on the case within the time limit, on copies of the case's inputs (a case with its own
+    runner hands over its own, compared afterwards); raises _ChangedInput for a function that
+    wrote into one."""
+    with time_limit(case_seconds()):
+        if case.call:
+            got, changed = watched(fn, case.call, case.args, case.kwargs)
+        else:
+            got, changed = on_copies(fn, case.args, case.kwargs)
+    if changed:
+        raise _ChangedInput(changed)
+    return got
+
+
+def _timed_out(cases: list[Case], i: int) -> list[_Outcome]:
+    """Outcomes for case i, stopped at the time limit, and for the cases after it (not run)."""
+    limit = case_seconds()
+    why = (
+        f"case {i + 1} ({cases[i].label}) was still running after {limit:g} s and was stopped: "
+        "an endless loop, or far more work than the case needs? (the limit is per case; "
+        "time_limit=SECONDS changes it)"
+    )
+    rest = [_Outcome(False, "not run: an earlier case timed out") for _ in cases[i + 1 :]]
+    return [_Outcome(False, f"timed out after {limit:g} s", shortcut=why), *rest]
+
+
 def _run(fn, case: Case, forbid: bool, allow) -> _Outcome:
     try:
         if forbid:
             with forbid_flashedu(allow):
-                got = case.call(fn) if case.call else fn(*case.args, **case.kwargs)
+                got = _call(fn, case)
         else:
-            got = case.call(fn) if case.call else fn(*case.args, **case.kwargs)
+            got = _call(fn, case)
+    except _ChangedInput as e:
+        why = (
+            f"it changed its input {e} in place; a caller's arrays must stay as they were "
+            "(work on a copy, or write into new arrays)"
+        )
+        return _Outcome(False, f"changed its input {e}", shortcut=why)
     except Shortcut as e:
         why = f"{e}: {_CALLED}" if str(e).startswith("called flashedu") else str(e)
         return _Outcome(False, f"shortcut: {e}", shortcut=why)
@@ -232,6 +276,9 @@ def grade(
                 out(f"{name}: not attempted yet")
                 return Report(name, False, [], lines=[f"{name}: not attempted yet"])
             outcomes.append(_Outcome(False, "raised NotImplementedError"))
+        except TimeLimitExceeded:
+            outcomes += _timed_out(cases, i)
+            break
     run = _RUN.get(None)
     seed, formula = (run.seed, run.formula) if run else (None, "")
     results = [(c.label, r.ok, r.detail) for c, r in zip(cases, outcomes)]
@@ -277,21 +324,23 @@ def grader(solution_name: str, *more_solutions: str, formula: str = ""):
     solution_name (and more_solutions): dotted names of the package code that solves the exercise,
     shown by `solution(g)`. formula: the rule the exercise asks for, shown only by `hint(g)`.
     The decorated grader draws a seed when none is given (so a failing report can print it) and
-    records the outcome for `progress()`.
+    records the outcome for `progress()`. It takes `time_limit=SECONDS` per case (`_limits.py`:
+    a function still running at the limit is stopped and the case reported as timed out).
     """
     for dotted in (solution_name, *more_solutions):
         _check_dotted(dotted)
 
     def wrap(g):
         @functools.wraps(g)
-        def run(fn, *args, seed=None, out=print, **kwargs):
+        def run(fn, *args, seed=None, out=print, time_limit=None, **kwargs):
             seed = secrets.randbelow(10**6) if seed is None else seed
             token = _RUN.set(_Run(seed, run.formula))
             try:
-                report = g(fn, *args, seed=seed, out=out, **kwargs)
+                with seconds_per_case(time_limit, g.__module__):
+                    report = g(fn, *args, seed=seed, out=out, **kwargs)
             finally:
                 _RUN.reset(token)
-            _progress.record(run.__name__, g.__module__, report)
+            _progress.record(run.__name__, g.__module__, report, say=out)
             return report
 
         run.solution_name = solution_name

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from .._nonfinite import poison_hidden_values
 from . import triton_fwd
 
 # Head dims where the Gluon forward beat the FA2 forward in one H200 run (round 4 in GPU_NOTES.md,
@@ -53,10 +54,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, **options):
     takes the options the Hopper kernels do not: windows, ALiBi, score mods)."""
     if not options and takes(q, k, v):
         if triton_fwd.interpreting():
-            return triton_fwd.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
-        from . import gluon_fwd  # Gluon is imported only where it runs
+            o, lse = triton_fwd.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        else:
+            from . import gluon_fwd  # Gluon is imported only where it runs
 
-        return gluon_fwd.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+            o, lse = gluon_fwd.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        # the skipped blocks' keys: a non-finite v there is NaN in every row, as in the reference
+        return poison_hidden_values(o, v, q.shape[2], -1, 0 if causal else -1), lse
     return kernels.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, **options)
 
 

@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._nonfinite import poison_hidden_values
 from .common import block_range, visible
 from .launch import (
     MASK_KEY,
@@ -285,4 +286,7 @@ def forward(
     """
     name = "kernels.forward"
     pl = plan(q, k, v, causal, softmax_scale, window_size, alibi_slopes, score_mod, name)
-    return run_forward(q, k, v, pl, launch_config(block_m, block_n, num_warps, num_stages))
+    o, lse = run_forward(q, k, v, pl, launch_config(block_m, block_n, num_warps, num_stages))
+    left = pl.left if pl.flags["HAS_LEFT"] else -1
+    right = pl.right if pl.flags["HAS_RIGHT"] else -1
+    return poison_hidden_values(o, v, pl.N_q, left, right), lse  # non-finite v: as the reference

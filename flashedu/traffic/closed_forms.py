@@ -99,8 +99,24 @@ class _Tiles:
     seen_keys: int  # keys in the K/V blocks some query block sees (one contiguous run)
 
 
+MAX_QUERY_BLOCKS = 2**20  # the tiled closed forms keep a few ints per query block
+
+
+def check_query_blocks(name: str, N_q: int, block_m: int, arg: str = "N_q") -> None:
+    """The tiled models sum over query blocks with arrays of ceil(N_q / block_m) ints: past
+    MAX_QUERY_BLOCKS blocks (N = 10^18, say) that would be a MemoryError, so it is refused."""
+    blocks = -(-N_q // block_m)
+    if blocks > MAX_QUERY_BLOCKS:
+        raise ValueError(
+            f"{name}: {arg}={N_q:,} in blocks of {block_m} rows is {blocks:.3g} query blocks, more "
+            f"than the model sums over ({MAX_QUERY_BLOCKS:,}: {arg} up to "
+            f"{MAX_QUERY_BLOCKS * block_m:,} with block_m={block_m})"
+        )
+
+
 def _tiles(name, N_q, N_k, block_m, block_n, causal, window_size) -> _Tiles:
     window_size = check_mask(name, causal, window_size)
+    check_query_blocks(name, N_q, block_m)
     rows, first, stop = kv_block_spans(
         N_q, N_k, block_m, block_n, causal=causal, window_size=window_size
     )

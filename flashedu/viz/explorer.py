@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .. import traffic
+from ..traffic.closed_forms import check_query_blocks
+from ..validation import check_int, check_real
 
 ALGORITHMS = {
     "naive": "standard attention, forward (S and P through HBM)",
@@ -42,6 +44,9 @@ TILE_RULES = {
 def _one_of(name: str, arg: str, value, options) -> None:
     if value not in options:
         raise ValueError(f"{name}: {arg} must be one of {list(options)}, got {value!r}")
+
+
+MAX_SRAM_KIB = 1024  # shared memory per thread block: 227 KiB on an H100, so 1 MiB is ample
 
 
 def explorer_state(
@@ -81,8 +86,12 @@ def explorer_state(
     _one_of("explorer_state", "algorithm", algorithm, ALGORITHMS)
     _one_of("explorer_state", "dtype", dtype, ITEMSIZE)
     _one_of("explorer_state", "tile_rule", tile_rule, TILE_RULES)
+    for arg, value in (("N", N), ("d", d), ("B", B), ("H", H)):
+        check_int(value, arg, name="explorer_state", low=1)
+    if sram_kib is not None:
+        check_real(sram_kib, "sram_kib", name="explorer_state", low=1, high=MAX_SRAM_KIB)
     g, e = traffic.gpu_preset(gpu), ITEMSIZE[dtype]
-    sram = int(sram_kib * 1024) if sram_kib else g.smem_per_block
+    sram = int(sram_kib * 1024) if sram_kib is not None else g.smem_per_block
     choice = traffic.tile_choice(
         sram,
         d,
@@ -93,6 +102,7 @@ def explorer_state(
         block_n=block_n,
     )
     bm, bn = choice.block_m, choice.block_n
+    check_query_blocks("explorer_state", N, bm, arg="N")
     shape = (B, H, N, N, d)
     if algorithm == "backward":
         standard = traffic.naive_backward(*shape, itemsize=e)

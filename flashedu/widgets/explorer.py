@@ -22,6 +22,7 @@ import ipywidgets as W
 
 from .. import traffic, viz
 from ..nb import fmt_bytes
+from ..validation import check_int
 
 _WIDE = {"description_width": "110px"}
 _N_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(7, 21)]  # 128 ... 1,048,576 tokens
@@ -164,6 +165,8 @@ class TrafficExplorer(W.VBox):
         ):
             _option(name, arg, value, options)
         self._bh = (B, H)
+        if sram_kib is not None:  # the slider would clamp (or round) it without a word
+            check_int(sram_kib, "sram_kib", name=name, low=16, high=256)
         sram_kib = sram_kib or traffic.GPUS[gpu].smem_per_block // 1024
         c = {
             "N": W.SelectionSlider(

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import traffic, viz
 from ..traffic import replay
+from ..validation import check_causal, check_int, check_order
 
 
 def _stats(x, digits=3, most=4) -> str:
@@ -71,6 +72,18 @@ def stepper_html(frame: dict, frames: list[dict], order: str = "fa2") -> str:
     )
 
 
+def _check_stepper(N_q, N_k, d, block_m, block_n, causal, order) -> None:
+    """Sizes positive ints, and a block no taller than its sequence: a larger block would step
+    through one partial tile that shows nothing a block of the sequence's length does not."""
+    name = "tile_stepper"
+    for arg, value in (("N_q", N_q), ("N_k", N_k), ("d", d)):
+        check_int(value, arg, name=name, low=1)
+    check_int(block_m, "block_m", name=name, low=1, high=N_q)
+    check_int(block_n, "block_n", name=name, low=1, high=N_k)
+    check_causal(causal, name=name)
+    check_order(order, name=name)
+
+
 class TileStepper(W.VBox):
     """See `tile_stepper`. `.frames` (from `viz.stepper_frames`), `.ledger`, `.slider` and
     `.figure`."""
@@ -90,6 +103,7 @@ class TileStepper(W.VBox):
     ):
         from .. import tiled
 
+        _check_stepper(N_q, N_k, d, block_m, block_n, causal, order)
         if math.ceil(N_q / block_m) * math.ceil(N_k / block_n) > 400:
             raise ValueError(
                 f"tile_stepper: {N_q}x{N_k} in {block_m}x{block_n} blocks "
