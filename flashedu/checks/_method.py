@@ -3,10 +3,17 @@
 Where the method is the lesson, right numbers are not enough. Three guards:
 
 - `forbid_flashedu()`: while it is active, a call into flashedu's own implementations (every
-  function and method of the package's modules, its Triton kernels, and the solutions the graders
-  show) raises `Shortcut("called flashedu.tiled.forward")`. A grader computes its expected answers
-  before entering it. It swaps the code of those functions for a stub and puts it back on exit, so
-  `from flashedu.tiled import forward` is caught too. Only modules already imported are covered.
+  function and method of the package's modules, its Triton kernels, the solutions the graders
+  show, and the graders' float64 "mistake twins") raises
+  `Shortcut("called flashedu.tiled.forward")`. A grader computes its expected answers before
+  entering it. It swaps the code of those functions for a stub and puts it back on exit, so
+  `from flashedu.tiled import forward` is caught too. Only modules already imported are covered. Copies are caught by their code, not their names: a
+  function whose normalised bytecode or source is that of a guarded function (a
+  `types.FunctionType` clone of its code object, its `inspect.getsource` text run through `exec`,
+  a copy pasted into a notebook, renamed or not) raises `Shortcut` when it is called inside the
+  guard (a profile hook compares every Python frame's code), and `same_code_as_flashedu(obj)`
+  names the guarded function a learner's function or `@triton.jit` kernel copies before it runs.
+  Functions shorter than a few lines are not compared (a learner's `cdiv` may well equal ours).
 - `watch_arrays(limit_elems)` and `largest_array(fn, ...)`: the largest NumPy array or torch tensor
   made during a call. NumPy arrays the grader hands in are watched (`ArrayWatch.wrap`): every
   result computed from them is recorded with its shape; torch operations are seen through a
@@ -24,7 +31,10 @@ chapters 02, 03, 04, 05 and 09 (and the Triton chapters); tested in tests/test_c
 
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
+import textwrap
 import types
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable
@@ -35,6 +45,7 @@ from ._watch import ArrayWatch, OnePass, WatchedArray, largest_array, watch_arra
 __all__ = [
     "Shortcut",
     "forbid_flashedu",
+    "same_code_as_flashedu",
     "ArrayWatch",
     "WatchedArray",
     "watch_arrays",
@@ -50,7 +61,7 @@ _TOOLS = (
     "flashedu._env",
     "flashedu._validate",
     "flashedu.book",
-    "flashedu.checks",
+    "flashedu.checks",  # the grading machinery; its twins and solutions are guarded (_GUARDED)
     "flashedu.course",
     "flashedu.data",
     "flashedu.dtypes",  # the dtype names and accumulation rule testing.tolerance uses
@@ -62,6 +73,13 @@ _TOOLS = (
     "flashedu.triton_exercises",  # the launchers and given prologues of the kernel exercises
     "flashedu.viz",
     "flashedu.widgets",
+)
+# Modules of flashedu.checks that compute answers (float64 twins of the usual mistakes, with the
+# mistake switched off they are the answer): guarded although flashedu.checks is a tool.
+_GUARDED = (
+    "flashedu.checks._attn_variants",
+    "flashedu.checks._tile_mistakes",
+    "flashedu.checks._tiled_twins",
 )
 # Imported before patching so that a call made through a lazily loaded submodule is caught.
 _CORE = (
@@ -191,17 +209,22 @@ def _forbidden_modules() -> list:
 
     for name in _CORE:
         importlib.import_module(f"flashedu.{name}")
+    for name in _GUARDED:
+        importlib.import_module(name)
     return [
         m
         for name, m in list(sys.modules.items())
-        if name.startswith("flashedu.") and m is not None and not name.startswith(_TOOLS)
+        if name.startswith("flashedu.")
+        and m is not None
+        and (not name.startswith(_TOOLS) or name in _GUARDED)
     ]
 
 
-def _install(allow: Iterable[str]) -> None:
+def _install(allow: Iterable[str], trace: bool) -> None:
     # resolve and import everything first, then patch
     allowed = [solution_function(dotted) for dotted in allow]
     modules, solutions = _forbidden_modules(), _solutions()
+    table = _copies_table(modules, solutions) if trace else {}
     for dotted, f in zip(allow, allowed):
         _patch_function(getattr(f, "__func__", f), "+" + dotted)
     for mod in modules:
@@ -211,27 +234,267 @@ def _install(allow: Iterable[str]) -> None:
             _patch_class(f)
         elif isinstance(f, types.FunctionType):
             _patch_function(f, _dotted(f))
+    if trace:
+        _start_profile(table)
 
 
 def _uninstall() -> None:
+    _stop_profile()
     for obj, attr, value in reversed(_GUARD.saved):
         setattr(obj, attr, value)
     _GUARD.saved.clear()
     _GUARD.targets.clear()
 
 
+# ------------------------------------------------------------- copies, recognised by their code
+
+MIN_CODE_BYTES = 80  # shorter functions are not compared: a one-line helper may well be ours too
+
+
+def _norm_const(c):
+    if isinstance(c, types.CodeType):
+        return ("code", code_fingerprint(c))
+    if isinstance(c, (tuple, frozenset)):
+        return (type(c).__name__, tuple(_norm_const(x) for x in c))
+    return (type(c).__name__, repr(c))
+
+
+def code_fingerprint(code: types.CodeType) -> tuple:
+    """A code object without what a copy changes: its name, file, line numbers and docstring
+    (bytecode, constants, names and local variables stay)."""
+    consts = list(code.co_consts)
+    if consts and isinstance(consts[0], str) and code.co_flags & inspect.CO_NEWLOCALS:
+        consts[0] = None  # the docstring
+    return (
+        code.co_code,
+        code.co_argcount,
+        code.co_kwonlyargcount,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        tuple(_norm_const(c) for c in consts),
+    )
+
+
+def source_fingerprint(obj) -> str:
+    """The function's syntax tree without its name, decorators, docstring, comments and layout;
+    '' when its source cannot be read."""
+    fn = getattr(obj, "fn", obj)
+    try:
+        src = getattr(obj, "src", None) or inspect.getsource(fn)
+        tree = ast.parse(textwrap.dedent(src))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return ""
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not defs:
+        return ""
+    node = defs[0]
+    node.name, node.decorator_list, node.returns = "_", [], None
+    body = node.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
+    ):
+        if isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(node, annotate_fields=False, include_attributes=False)
+
+
+class _Copies:
+    """What the guard compares: {code fingerprint: dotted}, {source fingerprint: dotted}."""
+
+    def __init__(self):
+        self.code: dict[tuple, str] = {}
+        self.source: dict[str, str] = {}
+        self.seen: dict[int, tuple[types.CodeType, str]] = {}  # id(code) -> (code, dotted or '')
+        self.sources_done = False
+
+    def lookup(self, code: types.CodeType) -> str:
+        hit = self.seen.get(id(code))
+        if hit is None:
+            name = ""
+            if len(code.co_code) >= MIN_CODE_BYTES:
+                name = self.code.get(code_fingerprint(code), "")
+            hit = self.seen[id(code)] = (code, name)
+        return hit[1]
+
+
+_COPIES = _Copies()
+_COPIES_KEY: list = [None]
+
+
+def _guarded_functions(modules, solutions):
+    """[(dotted, function or kernel)] of everything the guard protects."""
+    found = []
+    for mod in modules:
+        for v in list(vars(mod).values()):
+            if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
+                found.append((_dotted(v), v))
+            elif isinstance(v, type) and v.__module__ == mod.__name__:
+                for m in vars(v).values():
+                    m = m.__func__ if isinstance(m, (staticmethod, classmethod)) else m
+                    if isinstance(m, types.FunctionType):
+                        found.append((_dotted(m), m))
+            elif _is_kernel(v) and getattr(v.fn, "__module__", "") == mod.__name__:
+                found.append((_dotted(v.fn), v))
+    for f in solutions:
+        if isinstance(f, types.FunctionType):
+            found.append((_dotted(f), f))
+        elif _is_kernel(f):
+            found.append((_dotted(f.fn), f))
+    return found
+
+
+def _tool_codes(guarded_names) -> set:
+    """Fingerprints of the tools' own functions: never reported, even where they equal a guarded
+    function's."""
+    out = set()
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("flashedu") or mod is None or name in guarded_names:
+            continue
+        if name.startswith(_TOOLS) or name == "flashedu":
+            for v in list(vars(mod).values()):
+                f = getattr(v, "fn", v)
+                if isinstance(f, types.FunctionType) and f.__module__ == name:
+                    out.add(code_fingerprint(f.__code__))
+    return out
+
+
+def _copies_table(modules=None, solutions=None) -> _Copies:
+    """The fingerprints of every guarded function, built once per set of loaded modules."""
+    if modules is None:
+        modules, solutions = _forbidden_modules(), _solutions()
+    key = tuple(sorted(m.__name__ for m in modules))
+    if _COPIES_KEY[0] == key:
+        return _COPIES
+    names = {m.__name__ for m in modules}
+    tools = _tool_codes(names)
+    fresh = _Copies()
+    for dotted, f in _guarded_functions(modules, solutions):
+        fn = getattr(f, "fn", f)
+        code = getattr(fn, "__code__", None)
+        if code is None or _GUARD_CODE(code) or len(code.co_code) < MIN_CODE_BYTES:
+            continue
+        fp = code_fingerprint(code)
+        if fp not in tools:
+            fresh.code.setdefault(fp, dotted)
+    _COPIES.__dict__.update(fresh.__dict__)
+    _COPIES_KEY[0] = key
+    return _COPIES
+
+
+def _GUARD_CODE(code) -> bool:
+    return code in _GUARD.targets  # a stub in place while a guard is active
+
+
+def _source_table() -> dict[str, str]:
+    """{source fingerprint: dotted} of the guarded functions, read from their files on first use."""
+    table = _copies_table()
+    if not table.sources_done:
+        for dotted, f in _guarded_functions(_forbidden_modules(), _solutions()):
+            code = getattr(getattr(f, "fn", f), "__code__", None)
+            if code is None or len(code.co_code) < MIN_CODE_BYTES or _GUARD_CODE(code):
+                continue
+            fp = source_fingerprint(f)
+            if fp:
+                table.source.setdefault(fp, dotted)
+        table.sources_done = True
+    return table.source
+
+
+def _jit_parts(obj, seen=None) -> list:
+    """obj's Python function and, for a @triton.jit kernel, every @triton.jit function it names
+    (through its globals, or one attribute away from a module it names), recursively."""
+    seen = set() if seen is None else seen
+    fn = getattr(obj, "fn", obj)
+    if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+        return []
+    seen.add(id(fn))
+    parts = [(obj, fn)]
+    if not _is_kernel(obj):
+        return parts
+    g = fn.__globals__
+    names = fn.__code__.co_names
+    for n in names:
+        v = g.get(n)
+        candidates = [v]
+        if isinstance(v, types.ModuleType):
+            candidates = [getattr(v, a, None) for a in names]
+        for c in candidates:
+            if _is_kernel(c):
+                parts += _jit_parts(c, seen)
+    return parts
+
+
+def same_code_as_flashedu(obj) -> str:
+    """The dotted name of the guarded flashedu function (or kernel) whose code `obj` copies, or of
+    one a learner's kernel calls; '' when none. Names are not compared: code and source are."""
+    if obj is None:
+        return ""
+    table = _copies_table()
+    parts = _jit_parts(obj)
+    for part, fn in parts:
+        hit = table.lookup(fn.__code__)
+        if hit:
+            return hit
+        fp = source_fingerprint(part)
+        if fp and fp in _source_table():
+            return _source_table()[fp]
+    for part, fn in parts:
+        if fn.__module__.startswith("flashedu.") and (
+            not fn.__module__.startswith(_TOOLS) or fn.__module__ in _GUARDED
+        ):
+            return _dotted(fn)
+    return ""
+
+
+def copy_message(dotted: str) -> str:
+    return (
+        f"your code is flashedu's {dotted} (the same code under another name): the exercise is to "
+        "write it yourself"
+    )
+
+
+_PROFILE: list = []  # the profiler that was active before the guard's, to chain and restore
+
+
+def _profile(frame, event, arg):
+    if event == "call" and not _GUARD.allowed:
+        hit = _COPIES.lookup(frame.f_code)
+        if hit:
+            _GUARD.hits.append("copy:" + hit)
+            raise Shortcut(copy_message(hit))
+    previous = _PROFILE[0] if _PROFILE else None
+    if previous is not None:
+        previous(frame, event, arg)
+
+
+def _start_profile(table) -> None:
+    _PROFILE[:] = [sys.getprofile()]
+    sys.setprofile(_profile)
+
+
+def _stop_profile() -> None:
+    if _PROFILE:
+        sys.setprofile(_PROFILE[0])
+        _PROFILE.clear()
+
+
 @contextmanager
-def forbid_flashedu(allow: Iterable[str] = ()):
+def forbid_flashedu(allow: Iterable[str] = (), *, trace: bool = True):
     """Within the block, calling flashedu's own implementations raises Shortcut naming the call.
 
     allow: dotted names the exercise permits, e.g. ("flashedu.api.attention",); they run normally,
-    together with everything they call. Yields the list of forbidden calls made so far (a learner's
-    `except Exception` may swallow the Shortcut; the list still holds it).
+    together with everything they call. trace: also catch copies of them (a profile hook compares
+    the code of every Python function called; the Triton graders check kernels at launch instead).
+    Yields the list of forbidden calls made so far (a learner's `except Exception` may swallow the
+    Shortcut; the list still holds it).
     """
     if _GUARD.depth == 0:
         _GUARD.hits = []
         try:
-            _install(allow)
+            _install(allow, trace)
         except BaseException:
             _uninstall()
             raise
@@ -243,4 +506,6 @@ def forbid_flashedu(allow: Iterable[str] = ()):
         if _GUARD.depth == 0:
             _uninstall()
     if _GUARD.hits:
-        raise Shortcut(f"called {_GUARD.hits[0]}")
+        hit = _GUARD.hits[0]
+        copy = hit.startswith("copy:")
+        raise Shortcut(copy_message(hit[5:]) if copy else f"called {hit}")
