@@ -3,17 +3,17 @@
 Where the method is the lesson, right numbers are not enough. Three guards:
 
 - `forbid_flashedu()`: while it is active, a call into flashedu's own implementations (every
-  function and method of the package's modules, its Triton kernels, the solutions the graders
-  show, and the graders' float64 "mistake twins") raises
-  `Shortcut("called flashedu.tiled.forward")`. A grader computes its expected answers before
-  entering it. It swaps the code of those functions for a stub and puts it back on exit, so
-  `from flashedu.tiled import forward` is caught too. Only modules already imported are covered. Copies are caught by their code, not their names: a
-  function whose normalised bytecode or source is that of a guarded function (a
-  `types.FunctionType` clone of its code object, its `inspect.getsource` text run through `exec`,
-  a copy pasted into a notebook, renamed or not) raises `Shortcut` when it is called inside the
-  guard (a profile hook compares every Python frame's code), and `same_code_as_flashedu(obj)`
-  names the guarded function a learner's function or `@triton.jit` kernel copies before it runs.
-  Functions shorter than a few lines are not compared (a learner's `cdiv` may well equal ours).
+  function and method of the package's modules, its Triton kernels, the solutions the graders show,
+  and the graders' float64 "mistake twins") raises `Shortcut("called flashedu.tiled.forward")`. A
+  grader computes its expected answers before entering it. It swaps the code of those functions for
+  a stub and puts it back on exit, so `from flashedu.tiled import forward` is caught too. Only
+  modules already imported are covered. Copies are caught by their code, not their names: a function
+  whose normalised bytecode or source is that of a guarded function (a `types.FunctionType` clone of
+  its code object, its `inspect.getsource` text run through `exec`, a copy pasted into a notebook,
+  renamed or not) raises `Shortcut` when it is called inside the guard (a profile hook compares
+  every Python frame's code), and `same_code_as_flashedu(obj)` names the guarded function a
+  learner's function or `@triton.jit` kernel copies before it runs. Functions shorter than a few
+  lines are not compared (a learner's `cdiv` may well equal ours).
 - `watch_arrays(limit_elems)` and `largest_array(fn, ...)`: the largest NumPy array or torch tensor
   made during a call. NumPy arrays the grader hands in are watched (`ArrayWatch.wrap`): every
   result computed from them is recorded with its shape; torch operations are seen through a
