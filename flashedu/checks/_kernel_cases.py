@@ -137,6 +137,7 @@ class ForwardCase:
             own=self._empty_rows,
             hint=self.hint,
             tiles=self.tiles(),
+            owner=("O", [(2, s.block_m, 0, "rows")]),
             locate=lambda got: _triton_judge.where_wrong(got, outs, s.block_m),
         )
 
@@ -231,6 +232,8 @@ class BackwardCase:
         budget = (_triton_bytes.dq if self.kind == "dq" else _triton_bytes.dkdv)(self.shape)
         outs = self._outputs()
         block = self.shape.block_m if self.kind == "dq" else self.shape.block_n
+        owner = ("dQ", [(2, block, 0, "rows")]) if self.kind == "dq" else None
+        owner = owner or ("dK", [(2, block, 0, "keys")])
 
         def locate(got):
             text = _triton_judge.where_wrong(got, outs, block)
@@ -239,7 +242,7 @@ class BackwardCase:
         return _triton_judge.judge_run(
             run, outs, budget=budget, hint=self.hint,
             variants=self._variants, tf32=self._tf32 if self.dtype == "float32" else None,
-            own=self._empty_rows, tiles=self.tiles(), locate=locate,
+            own=self._empty_rows, tiles=self.tiles(), locate=locate, owner=owner,
         )  # fmt: skip
 
     def _common(self) -> tuple:

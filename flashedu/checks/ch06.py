@@ -65,6 +65,7 @@ s = tl.where(visible, s, -inf); store at S + rows[:, None] * stride_sm + cols[No
 mask. The grader launches (cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N)) programs.
 """
 
+
 @grader("flashedu.triton_solutions.scores_kernel", formula=SCORES_FORMULA)
 def triton_scores(kernel, *, seed=None, out=print):
     """Grade exercise 6.1, `kernel(Q, K, S, stride_qm, stride_kn, stride_sm, N_q, N_k, sm_scale,
