@@ -2,14 +2,14 @@
 numbers are from float64, and which known mistake explains them.
 
 `judge_run` goes from the plainest evidence to the subtlest and stops at the first thing wrong:
-stores past the last row or rows never stored (the NaN-filled buffers of
-`flashedu.checks._triton`), loads outside every tensor (the NaN gaps, charged to no tensor by
-`traffic.measure`), tiles larger than the grader's blocks and stores outside a program's own
-tile (the method, checked before the numbers: right numbers from one tile of every key are still
-a shortcut), the numbers against float64 (NaN and infinities named), then, if they are wrong, one
-diagnosis: the case's own (rows that see no key), a float64 twin of a known mistake that the
-answer equals (`_attn_variants`), a TF32-sized error, else where the answer is wrong; if they are
-right, the bytes against the FA2 budget (`_triton_bytes`).
+tiles larger than the grader's blocks and stores outside a program's own tile (the method, checked
+before the numbers: right numbers from one tile of every key are still a shortcut), stores past the
+last row or rows never stored (the NaN-filled buffers of `flashedu.checks._triton`), loads outside
+every tensor (the NaN gaps, charged to no tensor by `traffic.measure`), the numbers against float64
+(NaN and infinities named), then, if they are wrong, one diagnosis: the case's own (rows that see no
+key), a float64 twin of a known mistake that the answer equals (`_attn_variants`), a TF32-sized
+error, else where the answer is wrong; if they are right, the bytes against the FA2 budget
+(`_triton_bytes`).
 
 Used by the graders in ch06.py and ch07.py; tested in tests/test_checks_ch06.py and ch07.
 """
@@ -193,14 +193,7 @@ def judge_run(
     known matches, says where the answer is wrong, else gives the case's hint); '' when the case
     passes. tiles: `_triton.Tile` limits; owner: (output, axes) for `_triton.ownership_problem`."""
     got = run.outputs
-    for g, o in zip(got, outs):
-        problem = output_problem(g, o.model, o.rows)
-        if problem:
-            return False, f"{o.name}: stores", problem
     named = {o.model: g for g, o in zip(got, outs)}
-    measured = measured_traffic(run, named)
-    if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
-        return False, "bytes outside the tensors", _triton_bytes.judge(measured, budget, ())
     problem = tile_problem(run, named, tiles or [])
     if problem:
         return False, "tiles larger than the grader's blocks", problem
@@ -208,6 +201,13 @@ def judge_run(
         problem = ownership_problem(run, named, *owner)
         if problem:
             return False, "a program stored outside its tile", problem
+    for g, o in zip(got, outs):
+        problem = output_problem(g, o.model, o.rows)
+        if problem:
+            return False, f"{o.name}: stores", problem
+    measured = measured_traffic(run, named)
+    if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
+        return False, "bytes outside the tensors", _triton_bytes.judge(measured, budget, ())
     parts = [compare(o.name, g, o.expected, o.tol) for g, o in zip(got, outs)]
     text = "; ".join(t for _, t, _ in parts)
     if not all(ok for ok, _, _ in parts):
@@ -265,20 +265,20 @@ def tile_case(
 
     def judge(run, expected):
         got = run.outputs[0]
-        rows = out_shape[0] if len(out_shape) == 2 else out_shape[2]
-        problem = output_problem(got, out_name, rows)
-        if problem:
-            return False, f"{out_name}: stores", problem
         named = {out_name: got}
-        measured = measured_traffic(run, named)
-        if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
-            return False, "bytes outside the tensors", _triton_bytes.judge(measured, {}, ())
         problem = tile_problem(run, named, tiles)
         if problem:
             return False, "tiles larger than the grader's blocks", problem
         problem = ownership_problem(run, named, out_name, owner_axes)
         if problem:
             return False, "a program stored outside its tile", problem
+        rows = out_shape[0] if len(out_shape) == 2 else out_shape[2]
+        problem = output_problem(got, out_name, rows)
+        if problem:
+            return False, f"{out_name}: stores", problem
+        measured = measured_traffic(run, named)
+        if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
+            return False, "bytes outside the tensors", _triton_bytes.judge(measured, {}, ())
         return check(got.detach().cpu(), expected)
 
     return Case(label, (), expected, hint=hint, check=judge, call=call, inputs=inputs)
