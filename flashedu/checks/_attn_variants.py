@@ -82,6 +82,10 @@ BWD_NO_LSE = "P was rebuilt without subtracting lse: exp(s) alone is not normali
 BWD_NO_SCORE_SCALE = (
     "the scores were not multiplied by sm_scale (1/sqrt(d)) before P was rebuilt from lse"
 )
+P_UNMASKED = (
+    "P was not zeroed where the causal mask hides a key inside the blocks the loop visits: query i "
+    "sees keys j <= i + N_k - N_q; set P to 0 elsewhere with tl.where"
+)
 DP_FROM_K = "dP came from dO and K: dP = dO V^T (the gradient of P V), with V's tile"
 GROUP_SUM = (
     "with GQA, dk and dv sum over every query head of the group (the loop over g): only one head "
@@ -249,6 +253,11 @@ def backward_variants(q, k, v, do, lse, delta, scale, causal, block_m, block_n, 
     args = (q, k, v, do, lse, delta, scale, keep)
     no_lse = gradients(q, k, v, do, np.where(np.isfinite(lse), 0.0, lse), delta, scale, keep)
     dp_k = gradients(q, k, k, do, lse, delta, scale, keep)
+    if causal:  # every key of a visited block counted, the causal mask forgotten
+        ends = -(-key_end(N_q, N_k, causal, block_m, block_n, False) // block_n) * block_n
+        unmasked_q = run(keep=np.ones_like(keep), include=cols < ends[:, None])[0]
+        first = query_start(N_q, N_k, causal, block_m, block_n, False)[None, :]
+        unmasked_kv = run(keep=np.ones_like(keep), include=rows >= first)[1:]
     twins = {
         BWD_EXP2: gradients(*args, base=2.0),
         BWD_NO_LSE: no_lse,
@@ -260,6 +269,8 @@ def backward_variants(q, k, v, do, lse, delta, scale, causal, block_m, block_n, 
               None if g[2] is None else reduce_heads(g[2], H_kv))
         for why, g in twins.items()
     }  # fmt: skip
+    if causal:
+        twins[P_UNMASKED] = (unmasked_q, *unmasked_kv)
     return {
         **twins,
         TOP_LEFT: run(keep=visible(N_q, N_k, causal, top_left=True)),

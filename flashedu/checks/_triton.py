@@ -124,6 +124,15 @@ def output_problem(view: torch.Tensor, name: str, N: int) -> str:
                 f"your kernel stored past the last row of {name} (row {N - 1}): mask the store "
                 "with the rows (or keys) that exist"
             )
+        empty = flat[:, :N].all(-1).all(-1)  # (B * H,): heads with nothing stored
+        if empty.any() and not empty.all():
+            B, H = buf.shape[:2]
+            bh = int(empty.nonzero()[0])
+            return (
+                f"nothing was stored for batch {bh // H}, head {bh % H} of {name} (of B={B}, "
+                f"H={H}): each program's (batch, head) comes from tl.program_id(1) = b * H + h; "
+                "move every pointer to it with the batch and head strides"
+            )
         never = flat[:, :N].any(-1).any(0).nonzero().flatten().tolist()
     if never:
         span = f"row {never[0]}" if len(never) == 1 else f"rows {never[0]}..{never[-1]}"
