@@ -248,7 +248,10 @@ def _uninstall() -> None:
 
 # ------------------------------------------------------------- copies, recognised by their code
 
-MIN_CODE_BYTES = 80  # shorter functions are not compared: a one-line helper may well be ours too
+MIN_CODE_BYTES = 80
+_PACKAGE_DIR = __file__.rsplit("checks", 1)[
+    0
+]  # .../flashedu/  # shorter functions are not compared: a one-line helper may well be ours too
 
 
 def _norm_const(c):
@@ -259,14 +262,33 @@ def _norm_const(c):
     return (type(c).__name__, repr(c))
 
 
+_SAME_OP = {"LOAD_METHOD": "LOAD_ATTR"}  # 3.11 reads a specialised LOAD_METHOD back as LOAD_ATTR
+
+
+def _instructions(code: types.CodeType) -> tuple:
+    """The instructions as (name, argument) pairs: stable whether or not the code has run (the
+    interpreter specialises bytecode as it runs, and `co_code` does not always undo that)."""
+    import dis
+
+    out = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "CACHE":
+            continue
+        arg = ins.argval
+        arg = ("code", code_fingerprint(arg)) if isinstance(arg, types.CodeType) else repr(arg)
+        out.append((_SAME_OP.get(ins.opname, ins.opname), arg if ins.arg is not None else None))
+    return tuple(out)
+
+
 def code_fingerprint(code: types.CodeType) -> tuple:
     """A code object without what a copy changes: its name, file, line numbers and docstring
     (bytecode, constants, names and local variables stay)."""
     consts = list(code.co_consts)
     if consts and isinstance(consts[0], str) and code.co_flags & inspect.CO_NEWLOCALS:
-        consts[0] = None  # the docstring
+        consts = consts[1:]  # the docstring
+    consts = [c for c in consts if c is not None]  # None also marks "no docstring"
     return (
-        code.co_code,
+        _instructions(code),
         code.co_argcount,
         code.co_kwonlyargcount,
         code.co_names,
@@ -375,6 +397,8 @@ def _copies_table(modules=None, solutions=None) -> _Copies:
         fn = getattr(f, "fn", f)
         code = getattr(fn, "__code__", None)
         if code is None or _GUARD_CODE(code) or len(code.co_code) < MIN_CODE_BYTES:
+            continue
+        if not code.co_filename.startswith(_PACKAGE_DIR):  # a decorator's wrapper (torch's)
             continue
         fp = code_fingerprint(code)
         if fp not in tools:

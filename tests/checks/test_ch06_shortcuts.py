@@ -262,8 +262,12 @@ def test_the_rescale_formula_waits_for_the_hint():
 def test_a_failure_no_mistake_explains_says_where_not_causal():
     """A kernel wrong in a way no twin knows (the score mask compares keys with N_q) is located by
     its rows, not blamed on the causal mask or any other named mistake."""
-    text = rejected(checks.triton_forward, planted(bad_forward, "N_q mask"),
-                    "and right elsewhere; it matches none of the usual mistakes", seed=3)
+    text = rejected(
+        checks.triton_forward,
+        planted(bad_forward, "N_q mask"),
+        "and right elsewhere; it matches none of the usual mistakes",
+        seed=3,
+    )
     assert "bottom-right" not in flat(text), text
 
 
