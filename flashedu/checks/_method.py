@@ -248,10 +248,9 @@ def _uninstall() -> None:
 
 # ------------------------------------------------------------- copies, recognised by their code
 
+# Shorter functions are not compared: a one-line helper may well be ours too.
 MIN_CODE_BYTES = 80
-_PACKAGE_DIR = __file__.rsplit("checks", 1)[
-    0
-]  # .../flashedu/  # shorter functions are not compared: a one-line helper may well be ours too
+_PACKAGE_DIR = __file__.rsplit("checks", 1)[0]  # .../flashedu/
 
 
 def _norm_const(c):
