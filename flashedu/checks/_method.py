@@ -10,7 +10,7 @@ Where the method is the lesson, right numbers are not enough. Three guards:
   modules already imported are covered. Copies are caught by their code, not their names: a function
   whose normalised bytecode or source is that of a guarded function (a `types.FunctionType` clone of
   its code object, its `inspect.getsource` text run through `exec`, a copy pasted into a notebook,
-  renamed or not) raises `Shortcut` when it is called inside the guard (a profile hook compares
+  renamed or not) raises `Shortcut` when it is called inside the guard (a trace hook compares
   every Python frame's code), and `same_code_as_flashedu(obj)` names the guarded function a
   learner's function or `@triton.jit` kernel copies before it runs. Functions shorter than a few
   lines are not compared (a learner's `cdiv` may well equal ours).
@@ -235,11 +235,11 @@ def _install(allow: Iterable[str], trace: bool) -> None:
         elif isinstance(f, types.FunctionType):
             _patch_function(f, _dotted(f))
     if trace:
-        _start_profile(table)
+        _start_trace(table)
 
 
 def _uninstall() -> None:
-    _stop_profile()
+    _stop_trace()
     for obj, attr, value in reversed(_GUARD.saved):
         setattr(obj, attr, value)
     _GUARD.saved.clear()
@@ -479,29 +479,30 @@ def copy_message(dotted: str) -> str:
     )
 
 
-_PROFILE: list = []  # the profiler that was active before the guard's, to chain and restore
+_PREVIOUS: list = []  # the trace function active before the guard's, chained and restored
 
 
-def _profile(frame, event, arg):
+def _trace(frame, event, arg):
+    """A global trace function: it sees each new Python frame once ('call'), never C calls, and
+    asks for no per-line tracing unless the tracer it replaced (a debugger, coverage) does."""
     if event == "call" and not _GUARD.allowed:
         hit = _COPIES.lookup(frame.f_code)
         if hit:
             _GUARD.hits.append("copy:" + hit)
             raise Shortcut(copy_message(hit))
-    previous = _PROFILE[0] if _PROFILE else None
-    if previous is not None:
-        previous(frame, event, arg)
+    previous = _PREVIOUS[0] if _PREVIOUS else None
+    return previous(frame, event, arg) if previous is not None else None
 
 
-def _start_profile(table) -> None:
-    _PROFILE[:] = [sys.getprofile()]
-    sys.setprofile(_profile)
+def _start_trace(table) -> None:
+    _PREVIOUS[:] = [sys.gettrace()]
+    sys.settrace(_trace)
 
 
-def _stop_profile() -> None:
-    if _PROFILE:
-        sys.setprofile(_PROFILE[0])
-        _PROFILE.clear()
+def _stop_trace() -> None:
+    if _PREVIOUS:
+        sys.settrace(_PREVIOUS[0])
+        _PREVIOUS.clear()
 
 
 @contextmanager
@@ -509,7 +510,7 @@ def forbid_flashedu(allow: Iterable[str] = (), *, trace: bool = True):
     """Within the block, calling flashedu's own implementations raises Shortcut naming the call.
 
     allow: dotted names the exercise permits, e.g. ("flashedu.api.attention",); they run normally,
-    together with everything they call. trace: also catch copies of them (a profile hook compares
+    together with everything they call. trace: also catch copies of them (a trace hook compares
     the code of every Python function called; the Triton graders check kernels at launch instead).
     Yields the list of forbidden calls made so far (a learner's `except Exception` may swallow the
     Shortcut; the list still holds it).

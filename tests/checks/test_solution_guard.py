@@ -70,7 +70,7 @@ def test_flashedus_function_is_refused_however_reached(make, words, tmp_path):
     fn = make(tmp_path)
     with pytest.raises(Shortcut, match=words.replace(".", r"\.")):
         _run(fn)
-    assert sys.getprofile() is None  # the guard's profiler is gone
+    assert sys.gettrace() is None  # the guard's trace hook is gone
 
 
 def test_a_swallowed_copy_is_still_reported():
