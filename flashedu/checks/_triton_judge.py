@@ -279,6 +279,31 @@ def tile_case(
         measured = measured_traffic(run, named)
         if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
             return False, "bytes outside the tensors", _triton_bytes.judge(measured, {}, ())
-        return check(got.detach().cpu(), expected)
+        result = check(got.detach().cpu(), expected)
+        if result[0] or (len(result) > 2 and result[2]):
+            return result
+        return False, result[1], _where_in_matrix(got.detach().cpu(), expected, out_name) or hint
 
     return Case(label, (), expected, hint=hint, check=judge, call=call, inputs=inputs)
+
+
+def _where_in_matrix(got, expected: np.ndarray, name: str) -> str:
+    """For an answer no known mistake explains: the rows and columns (or rows of each head) where
+    it is wrong, so the learner looks there rather than at a guessed cause."""
+    g = to_numpy(got)
+    if g.shape != expected.shape:
+        return ""
+    both_inf = np.isinf(expected) & (g == expected)
+    bad = ~(np.isclose(g, expected, rtol=1e-4, atol=1e-5) | both_inf)
+    if not bad.any():
+        return ""
+    idx = np.argwhere(bad)
+    lo, hi = idx.min(0), idx.max(0)
+    where = ", ".join(
+        f"{axis} {a}..{b}" for axis, a, b in zip(("rows", "columns")[-g.ndim:] if g.ndim <= 2
+                                                  else ("batch", "head", "rows"), lo, hi)
+    )  # fmt: skip
+    return (
+        f"{name} is wrong in {int(bad.sum())} of {bad.size} entries ({where}) and right elsewhere; "
+        "it matches none of the usual mistakes"
+    )
