@@ -307,37 +307,48 @@ def source_fingerprint(obj) -> str:
     except (OSError, TypeError, SyntaxError, IndentationError):
         return ""
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if not defs:
-        return ""
-    node = defs[0]
-    node.name, node.decorator_list, node.returns = "_", [], None
-    body = node.body
-    if (
-        body
-        and isinstance(body[0], ast.Expr)
-        and isinstance(getattr(body[0], "value", None), ast.Constant)
-    ):
-        if isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(node, annotate_fields=False, include_attributes=False)
+    return _def_fingerprint(defs[0]) if defs else ""
+
+
+def _cheap_key(code: types.CodeType) -> tuple:
+    """What a copy keeps and is cheap to read: argument counts, global and local names."""
+    return (code.co_argcount, code.co_kwonlyargcount, code.co_names, code.co_varnames)
 
 
 class _Copies:
-    """What the guard compares: {code fingerprint: dotted}, {source fingerprint: dotted}."""
+    """What the guard compares. Guarded and tool code objects are indexed by `_cheap_key`; the
+    full `code_fingerprint` is computed only for a code object that shares a key with one."""
 
     def __init__(self):
-        self.code: dict[tuple, str] = {}
-        self.source: dict[str, str] = {}
+        self.code: dict[tuple, list] = {}  # cheap key -> [(code, dotted)]
+        self.tools: dict[tuple, list] = {}  # cheap key -> [code] of the tools' own functions
+        self.source: dict[tuple, list] = {}  # argument names -> [(code, dotted)]
         self.seen: dict[int, tuple[types.CodeType, str]] = {}  # id(code) -> (code, dotted or '')
+        self.prints: dict[int, tuple] = {}  # id(code) -> fingerprint (codes kept alive by seen)
         self.sources_done = False
+
+    def _print(self, code) -> tuple:
+        fp = self.prints.get(id(code))
+        if fp is None:
+            fp = self.prints[id(code)] = code_fingerprint(code)
+            self.seen.setdefault(id(code), (code, None))
+        return fp
+
+    def _match(self, code) -> str:
+        if len(code.co_code) < MIN_CODE_BYTES:
+            return ""
+        key = _cheap_key(code)
+        for cand, dotted in self.code.get(key, ()):
+            if cand is code or self._print(cand) == self._print(code):
+                if any(self._print(t) == self._print(code) for t in self.tools.get(key, ())):
+                    return ""
+                return dotted
+        return ""
 
     def lookup(self, code: types.CodeType) -> str:
         hit = self.seen.get(id(code))
-        if hit is None:
-            name = ""
-            if len(code.co_code) >= MIN_CODE_BYTES:
-                name = self.code.get(code_fingerprint(code), "")
-            hit = self.seen[id(code)] = (code, name)
+        if hit is None or hit[1] is None:
+            hit = self.seen[id(code)] = (code, self._match(code))
         return hit[1]
 
 
@@ -367,10 +378,10 @@ def _guarded_functions(modules, solutions):
     return found
 
 
-def _tool_codes(guarded_names) -> set:
-    """Fingerprints of the tools' own functions: never reported, even where they equal a guarded
-    function's."""
-    out = set()
+def _tool_codes(guarded_names) -> dict:
+    """{cheap key: [code]} of the tools' own functions: never reported, even where one equals a
+    guarded function."""
+    out: dict = {}
     for name, mod in list(sys.modules.items()):
         if not name.startswith("flashedu") or mod is None or name in guarded_names:
             continue
@@ -378,30 +389,35 @@ def _tool_codes(guarded_names) -> set:
             for v in list(vars(mod).values()):
                 f = getattr(v, "fn", v)
                 if isinstance(f, types.FunctionType) and f.__module__ == name:
-                    out.add(code_fingerprint(f.__code__))
+                    out.setdefault(_cheap_key(f.__code__), []).append(f.__code__)
     return out
 
 
+def _own_code(f):
+    """The code object of a guarded function or kernel worth comparing, or None."""
+    code = getattr(getattr(f, "fn", f), "__code__", None)
+    if code is None or _GUARD_CODE(code) or len(code.co_code) < MIN_CODE_BYTES:
+        return None
+    if not code.co_filename.startswith(_PACKAGE_DIR):  # a decorator's wrapper (torch's)
+        return None
+    return code
+
+
 def _copies_table(modules=None, solutions=None) -> _Copies:
-    """The fingerprints of every guarded function, built once per set of loaded modules."""
+    """The index of every guarded function, built once per set of loaded modules."""
     if modules is None:
         modules, solutions = _forbidden_modules(), _solutions()
     key = tuple(sorted(m.__name__ for m in modules))
     if _COPIES_KEY[0] == key:
         return _COPIES
-    names = {m.__name__ for m in modules}
-    tools = _tool_codes(names)
     fresh = _Copies()
-    for dotted, f in _guarded_functions(modules, solutions):
-        fn = getattr(f, "fn", f)
-        code = getattr(fn, "__code__", None)
-        if code is None or _GUARD_CODE(code) or len(code.co_code) < MIN_CODE_BYTES:
-            continue
-        if not code.co_filename.startswith(_PACKAGE_DIR):  # a decorator's wrapper (torch's)
-            continue
-        fp = code_fingerprint(code)
-        if fp not in tools:
-            fresh.code.setdefault(fp, dotted)
+    fresh.tools = _tool_codes({m.__name__ for m in modules})
+    fresh.guarded = _guarded_functions(modules, solutions)
+    for dotted, f in fresh.guarded:
+        code = _own_code(f)
+        if code is not None:
+            fresh.code.setdefault(_cheap_key(code), []).append((code, dotted))
+    _COPIES.__dict__.clear()
     _COPIES.__dict__.update(fresh.__dict__)
     _COPIES_KEY[0] = key
     return _COPIES
@@ -411,19 +427,61 @@ def _GUARD_CODE(code) -> bool:
     return code in _GUARD.targets  # a stub in place while a guard is active
 
 
-def _source_table() -> dict[str, str]:
-    """{source fingerprint: dotted} of the guarded functions, read from their files on first use."""
+def _module_defs(path: str, cache: dict) -> dict:
+    """{line: FunctionDef} for every function of a source file (by its def line and its first
+    decorator's line), the file parsed once."""
+    if path not in cache:
+        defs: dict = {}
+        try:
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+        except (OSError, SyntaxError):
+            tree = ast.Module(body=[], type_ignores=[])
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs[node.lineno] = node
+                if node.decorator_list:
+                    defs[min(d.lineno for d in node.decorator_list)] = node
+        cache[path] = defs
+    return cache[path]
+
+
+def _def_fingerprint(node) -> str:
+    """A FunctionDef without its name, decorators, return annotation and docstring, dumped."""
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            body = body[1:]
+    parts = [node.args, *body]
+    return "|".join(ast.dump(p, annotate_fields=False, include_attributes=False) for p in parts)
+
+
+def _arg_names(code: types.CodeType) -> tuple:
+    return code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+
+
+_FILES: dict = {}  # path -> {line: FunctionDef}, each file parsed once
+
+
+def _source_match(obj, fn) -> str:
+    """The guarded function whose source `obj`'s is, names, docstring and layout aside: only the
+    guarded functions with the same argument names are read (their files parsed once)."""
     table = _copies_table()
     if not table.sources_done:
-        for dotted, f in _guarded_functions(_forbidden_modules(), _solutions()):
-            code = getattr(getattr(f, "fn", f), "__code__", None)
-            if code is None or len(code.co_code) < MIN_CODE_BYTES or _GUARD_CODE(code):
-                continue
-            fp = source_fingerprint(f)
-            if fp:
-                table.source.setdefault(fp, dotted)
+        for dotted, f in table.guarded:
+            code = _own_code(f)
+            if code is not None:
+                table.source.setdefault(_arg_names(code), []).append((code, dotted))
         table.sources_done = True
-    return table.source
+    candidates = table.source.get(_arg_names(fn.__code__), [])
+    if not candidates:
+        return ""
+    mine = source_fingerprint(obj)
+    for code, dotted in candidates:
+        node = _module_defs(code.co_filename, _FILES).get(code.co_firstlineno)
+        if mine and node is not None and _def_fingerprint(node) == mine:
+            return dotted
+    return ""
 
 
 def _jit_parts(obj, seen=None) -> list:
@@ -458,12 +516,9 @@ def same_code_as_flashedu(obj) -> str:
     table = _copies_table()
     parts = _jit_parts(obj)
     for part, fn in parts:
-        hit = table.lookup(fn.__code__)
+        hit = table.lookup(fn.__code__) or _source_match(part, fn)
         if hit:
             return hit
-        fp = source_fingerprint(part)
-        if fp and fp in _source_table():
-            return _source_table()[fp]
     for part, fn in parts:
         if fn.__module__.startswith("flashedu.") and (
             not fn.__module__.startswith(_TOOLS) or fn.__module__ in _GUARDED
