@@ -378,9 +378,10 @@ def _guarded_functions(modules, solutions):
     return found
 
 
-def _tool_codes(guarded_names) -> dict:
-    """{cheap key: [code]} of the tools' own functions: never reported, even where one equals a
-    guarded function."""
+def _tool_codes(guarded_names, solutions) -> dict:
+    """{cheap key: [code]} of the tools' own functions (a grader's solution is no tool): never
+    reported, even where one equals a guarded function."""
+    answers = {id(getattr(getattr(f, "fn", f), "__code__", None)) for f in solutions}
     out: dict = {}
     for name, mod in list(sys.modules.items()):
         if not name.startswith("flashedu") or mod is None or name in guarded_names:
@@ -389,7 +390,8 @@ def _tool_codes(guarded_names) -> dict:
             for v in list(vars(mod).values()):
                 f = getattr(v, "fn", v)
                 if isinstance(f, types.FunctionType) and f.__module__ == name:
-                    out.setdefault(_cheap_key(f.__code__), []).append(f.__code__)
+                    if id(f.__code__) not in answers:
+                        out.setdefault(_cheap_key(f.__code__), []).append(f.__code__)
     return out
 
 
@@ -411,7 +413,7 @@ def _copies_table(modules=None, solutions=None) -> _Copies:
     if _COPIES_KEY[0] == key:
         return _COPIES
     fresh = _Copies()
-    fresh.tools = _tool_codes({m.__name__ for m in modules})
+    fresh.tools = _tool_codes({m.__name__ for m in modules}, solutions)
     fresh.guarded = _guarded_functions(modules, solutions)
     for dotted, f in fresh.guarded:
         code = _own_code(f)

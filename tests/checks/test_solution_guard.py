@@ -149,3 +149,16 @@ def test_fingerprints_ignore_names_docstrings_and_layout():
     scope: dict = dict(f.__globals__)
     exec(spaced, scope)
     assert _method.source_fingerprint(scope["other"]) in ("", _method.source_fingerprint(f))
+
+
+def test_a_graders_own_solution_in_flashedu_checks_is_guarded_when_cloned():
+    """flashedu.checks is the graders' machinery, not guarded as a whole; the solutions its
+    modules hold are, copies included."""
+    from flashedu import checks
+    from flashedu.checks import ch02
+    from flashedu.testing import run_grader
+
+    clone = _clone(ch02.online_stats)
+    report, text = run_grader(checks.online_softmax, clone, seed=1)
+    assert not report.passed
+    assert "your code is flashedu's flashedu.checks.ch02.online_stats" in " ".join(text.split())
