@@ -13,7 +13,7 @@ Where the method is the lesson, right numbers are not enough. Three guards:
   renamed or not) raises `Shortcut` when it is called inside the guard (a trace hook compares
   every Python frame's code), and `same_code_as_flashedu(obj)` names the guarded function a
   learner's function or `@triton.jit` kernel copies before it runs. Functions shorter than a few
-  lines are not compared (a learner's `cdiv` may well equal ours).
+  lines are not compared (a learner's two-line `split_heads` may well equal ours).
 - `watch_arrays(limit_elems)` and `largest_array(fn, ...)`: the largest NumPy array or torch tensor
   made during a call. NumPy arrays the grader hands in are watched (`ArrayWatch.wrap`): every
   result computed from them is recorded with its shape; torch operations are seen through a
@@ -248,8 +248,19 @@ def _uninstall() -> None:
 
 # ------------------------------------------------------------- copies, recognised by their code
 
-# Shorter functions are not compared: a one-line helper may well be ours too.
-MIN_CODE_BYTES = 80
+# Shorter functions are not compared: a learner's natural two-line answer (split_heads, a cdiv)
+# may well be ours instruction for instruction.
+MIN_INSTRUCTIONS = 40
+
+
+def _big_enough(code: types.CodeType) -> bool:
+    if len(code.co_code) < 2 * MIN_INSTRUCTIONS:
+        return False
+    import dis
+
+    return sum(1 for i in dis.get_instructions(code) if i.opname != "CACHE") >= MIN_INSTRUCTIONS
+
+
 _PACKAGE_DIR = __file__.rsplit("checks", 1)[0]  # .../flashedu/
 
 
@@ -335,9 +346,7 @@ class _Copies:
         return fp
 
     def _match(self, code) -> str:
-        if len(code.co_code) < MIN_CODE_BYTES:
-            return ""
-        key = _cheap_key(code)
+        key = _cheap_key(code)  # the table holds only functions long enough to compare
         for cand, dotted in self.code.get(key, ()):
             if cand is code or self._print(cand) == self._print(code):
                 if any(self._print(t) == self._print(code) for t in self.tools.get(key, ())):
@@ -398,7 +407,7 @@ def _tool_codes(guarded_names, solutions) -> dict:
 def _own_code(f):
     """The code object of a guarded function or kernel worth comparing, or None."""
     code = getattr(getattr(f, "fn", f), "__code__", None)
-    if code is None or _GUARD_CODE(code) or len(code.co_code) < MIN_CODE_BYTES:
+    if code is None or _GUARD_CODE(code) or not _big_enough(code):
         return None
     if not code.co_filename.startswith(_PACKAGE_DIR):  # a decorator's wrapper (torch's)
         return None

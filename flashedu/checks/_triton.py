@@ -163,15 +163,41 @@ class NotAKernel(Shortcut):
 
 
 def require_kernel(obj, grader: str, example: str) -> None:
-    """Raise NotAKernel (a named shortcut) unless obj is a @triton.jit kernel."""
+    """Raise NotAKernel (a named shortcut) unless obj is a @triton.jit kernel; a Python stub that
+    raises NotImplementedError at once is "not attempted" (its NotImplementedError passes on)."""
     if is_kernel(obj):
         return
+    if _is_stub(obj):
+        raise NotImplementedError("a Python stub")
     what = getattr(obj, "__name__", type(obj).__name__)
     raise NotAKernel(
         f"{what} is a Python function: checks.{grader} grades your @triton.jit kernel itself "
         f"(pass it, e.g. checks.{grader}({example})); the grader launches it with its own "
         "BLOCK_M and BLOCK_N into outputs filled with NaN, and grades what the kernel stored"
     )
+
+
+def _is_stub(obj) -> bool:
+    """obj raises NotImplementedError when called with placeholder arguments (an untouched stub);
+    anything else it does is ignored, and its return value is never graded."""
+    import inspect
+
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    required = [
+        p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                                  p.POSITIONAL_OR_KEYWORD)
+    ]  # fmt: skip
+    try:
+        with forbid_flashedu(trace=False):
+            obj(*[None] * len(required))
+    except NotImplementedError:
+        return True
+    except Exception:  # noqa: BLE001  (a real function given placeholders: not a stub)
+        return False
+    return False
 
 
 RESTART = (
