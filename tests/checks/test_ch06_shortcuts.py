@@ -280,3 +280,21 @@ def test_a_kernel_decorated_before_the_interpreter_is_remade(monkeypatch):
     report, text = run_grader(checks.triton_scores, compiled, seed=2)
     assert report.passed, text
     assert _triton.runnable(compiled) is not compiled
+
+
+def test_a_kernel_that_calls_a_precompiled_helper_says_what_to_restart():
+    """When a helper it calls was also decorated before the interpreter was set up, the kernel
+    cannot be re-made here: the report says in one line what to restart."""
+    from fixtures import learner_kernels
+    from triton.runtime.jit import JITFunction
+
+    fn = learner_kernels.my_flash_forward.fn
+    scope = dict(fn.__globals__, _fwd_block=JITFunction(learner_kernels._fwd_block.fn))
+    compiled = JITFunction(learner_kernels._copy(fn, scope))
+    rejected(
+        checks.triton_forward,
+        compiled,
+        "restart the notebook's kernel and run its first "
+        "cell, which imports flashedu, before the cell that defines the kernel",
+        seed=4,
+    )
