@@ -21,11 +21,15 @@ import numpy as np
 
 # The diagnoses, one sentence each: what is wrong, never the whole formula.
 NO_RESCALE = (
-    "l and acc were not rescaled when the row max grew: multiply both by "
-    "alpha = exp(m_old - m_new) before adding the new block"
+    "l and acc were not rescaled when the row max grew: both hold sums taken against the old max "
+    "(checks.hint gives the factor)"
 )
-ACC_NOT_RESCALED = "acc was not rescaled when the row max grew (l was): scale acc by alpha too"
-L_NOT_RESCALED = "l was not rescaled when the row max grew (acc was): scale l by alpha too"
+ACC_NOT_RESCALED = (
+    "acc was not rescaled when the row max grew (l was): acc needs the same factor as l"
+)
+L_NOT_RESCALED = (
+    "l was not rescaled when the row max grew (acc was): l needs the same factor as acc"
+)
 TOP_LEFT = (
     "causal offset: query i sees keys j <= i + N_k - N_q (bottom-right aligned), not j <= i "
     "(top-left)"
@@ -63,9 +67,26 @@ TF32 = (
     "every tl.dot"
 )
 GRAD_NO_SCALE = (
-    "the final multiplication by sm_scale is missing (dq = scale dS K, dk = scale dS^T Q)"
+    "the final multiplication by sm_scale is missing: the scores were scaled, so their gradient "
+    "is scaled too"
 )
-NO_DELTA = "dS = P * (dP - D): D was not subtracted"
+NO_DELTA = (
+    "D was not subtracted from dP: the softmax's gradient needs the row term D = rowsum(dO * O) "
+    "(checks.hint gives dS)"
+)
+BWD_EXP2 = (
+    "P rebuilt with tl.exp2 from natural-log scores and lse: multiply both by log2(e) first, or "
+    "use tl.exp"
+)
+BWD_NO_LSE = "P was rebuilt without subtracting lse: exp(s) alone is not normalised"
+BWD_NO_SCORE_SCALE = (
+    "the scores were not multiplied by sm_scale (1/sqrt(d)) before P was rebuilt from lse"
+)
+P_UNMASKED = (
+    "P was not zeroed where the causal mask hides a key inside the blocks the loop visits: query i "
+    "sees keys j <= i + N_k - N_q; set P to 0 elsewhere with tl.where"
+)
+DP_FROM_K = "dP came from dO and K: dP = dO V^T (the gradient of P V), with V's tile"
 GROUP_SUM = (
     "with GQA, dk and dv sum over every query head of the group (the loop over g): only one head "
     "was added"
@@ -186,13 +207,18 @@ def _lse_parts(q, k, scale, keep) -> dict:
 # --------------------------------------------------------------------------------------- backward
 
 
-def gradients(q, k, v, do, lse, delta, scale, keep, include=None, *, subtract_delta=True):
+def gradients(
+    q, k, v, do, lse, delta, scale, keep, include=None, *, subtract_delta=True, base=np.e,
+    score_scale=None,
+):  # fmt: skip
     """(dq, dk, dv) per query head, float64, with P rebuilt from the given lse as the kernels do:
     P = exp(s - lse) where keep (0 elsewhere and on rows with lse = -inf), dS = P (dP - D).
-    include (N_q, N_k) bool: the (query, key) pairs the kernel's loops reach (default all)."""
-    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    include (N_q, N_k) bool: the (query, key) pairs the kernel's loops reach (default all).
+    base: of the exponential (2: tl.exp2 on natural-log values); score_scale: the scores' scale
+    when it differs from the final one (default scale)."""
+    s = np.einsum("bhid,bhjd->bhij", q, k) * (scale if score_scale is None else score_scale)
     lse_use = np.where(np.isfinite(lse), lse, np.inf)[..., None]  # exp(s - inf) = 0
-    p = np.where(keep & (True if include is None else include), np.exp(s - lse_use), 0.0)
+    p = np.where(keep & (True if include is None else include), base ** (s - lse_use), 0.0)
     dp = np.einsum("bhid,bhjd->bhij", do, v)
     ds = p * (dp - (delta[..., None] if subtract_delta else 0.0))
     dq = np.einsum("bhij,bhjd->bhid", ds, k) * scale
@@ -224,7 +250,29 @@ def backward_variants(q, k, v, do, lse, delta, scale, causal, block_m, block_n, 
     dq, dk, dv = run()
     first = q.shape[1] // H_kv  # heads per group
     one_head = run(include=np.arange(q.shape[1])[:, None, None] % first == 0)
+    args = (q, k, v, do, lse, delta, scale, keep)
+    no_lse = gradients(q, k, v, do, np.where(np.isfinite(lse), 0.0, lse), delta, scale, keep)
+    dp_k = gradients(q, k, k, do, lse, delta, scale, keep)
+    if causal:  # every key of a visited block counted, the causal mask forgotten
+        ends = -(-key_end(N_q, N_k, causal, block_m, block_n, False) // block_n) * block_n
+        unmasked_q = run(keep=np.ones_like(keep), include=cols < ends[:, None])[0]
+        first = query_start(N_q, N_k, causal, block_m, block_n, False)[None, :]
+        unmasked_kv = run(keep=np.ones_like(keep), include=rows >= first)[1:]
+    twins = {
+        BWD_EXP2: gradients(*args, base=2.0),
+        BWD_NO_LSE: no_lse,
+        BWD_NO_SCORE_SCALE: gradients(*args, score_scale=1.0),
+        DP_FROM_K: (dp_k[0], dp_k[1], None),
+    }
+    twins = {
+        why: (g[0], None if g[1] is None else reduce_heads(g[1], H_kv),
+              None if g[2] is None else reduce_heads(g[2], H_kv))
+        for why, g in twins.items()
+    }  # fmt: skip
+    if causal:
+        twins[P_UNMASKED] = (unmasked_q, *unmasked_kv)
     return {
+        **twins,
         TOP_LEFT: run(keep=visible(N_q, N_k, causal, top_left=True)),
         FLOOR_KEYS: (run(include=cols < end)[0], None, None),
         FLOOR_QUERIES: (None, *run(include=rows < N_q // block_m * block_m)[1:]),

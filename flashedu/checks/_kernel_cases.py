@@ -3,10 +3,13 @@ answers, runs and judges.
 
 Each case draws fresh inputs of one stage (a block multiple, ragged lengths, causal with
 N_q != N_k, rows that see no key, GQA, float16), lays them out with NaN gaps
-(`_triton.gapped`), runs the learner's kernel through the package launcher or the learner's own
-function (`_triton.run_learner`), and judges the run (`_triton_judge.judge_run`) against the
-float64 reference, the float64 twins of the usual mistakes and the FA2 byte budget. Block sizes
-are the launcher's: 16 under the interpreter, 64 on a GPU, so the stages are drawn around them.
+(`_triton.gapped`), launches the learner's kernel itself through the package launcher, into
+NaN-filled outputs, with the grader's own block sizes (`_triton.run_learner`), and judges the run
+(`_triton_judge.judge_run`): every tile within the grader's blocks, then the float64 reference,
+the float64 twins of the usual mistakes and the FA2 byte budget. The blocks are BLOCK = 16 under
+the interpreter and 64 on a GPU, and the stages differ in them (BLOCK x BLOCK, 2 BLOCK x BLOCK,
+BLOCK x 2 BLOCK), so a kernel that assumes BLOCK_M == BLOCK_N, or keeps a tile size of its own,
+shows; lengths are drawn several blocks long and ragged.
 
 Used by the graders `triton_forward` (ch06.py), `triton_dkdv` and `triton_dq` (ch07.py).
 """
@@ -27,8 +30,9 @@ LSE_TOL = Tolerance(2e-5, 2e-5)  # lse is float32 for every input dtype
 
 
 def stage_specs(rng, hints: dict, bs: int = BLOCK) -> list[tuple]:
-    """(label, (B, H, H_kv, N_q, N_k, d), dtype, causal, hint) for the six stages, simplest first,
-    sizes drawn around the block size bs; hints: stage -> what to look at when a case fails."""
+    """(label, (B, H, H_kv, N_q, N_k, d), dtype, causal, hint, (block_m, block_n)) for the six
+    stages, simplest first, sizes drawn around the block size bs; hints: stage -> what to look at
+    when a case fails."""
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     rq, rk = bs * r(1, 2) + r(1, bs - 1), bs * r(2, 3) + r(1, bs - 1)
     cq = bs + r(1, bs - 1)
@@ -42,11 +46,13 @@ def stage_specs(rng, hints: dict, bs: int = BLOCK) -> list[tuple]:
          "float32", True, "empty"),
         (f"GQA 4 heads on 2, causal, N_q={rq}, N_k={rk}", (1, 4, 2, rq, rk, 32), "float32", True,
          "gqa"),
-        (f"float16, GQA 4 on 1, causal, N_q={rk}, N_k={rq}", (1, 4, 1, rk, rq, 32), "float16",
-         True, "fp16"),
+        (f"float16, GQA 4 on 1, causal, N_q={rq}, N_k={rk + bs}", (1, 4, 1, rq, rk + bs, 32),
+         "float16", True, "fp16"),
     ]  # fmt: skip
+    blocks = {"gqa": (2 * bs, bs), "fp16": (bs, 2 * bs)}
     return [
-        (label, dims, dtype, causal, hints[stage]) for label, dims, dtype, causal, stage in stages
+        (label, dims, dtype, causal, hints[stage], blocks.get(stage, (bs, bs)))
+        for label, dims, dtype, causal, stage in stages
     ]
 
 
@@ -81,11 +87,11 @@ DQ_HINTS = {
 class ForwardCase:
     """One case of exercise 6.3: gapped inputs, float64 answers, and the judge of a run."""
 
-    def __init__(self, rng, label, dims, dtype, causal, hint, bs=BLOCK):
+    def __init__(self, rng, label, dims, dtype, causal, hint, blocks=(BLOCK, BLOCK)):
         self.label, self.causal, self.hint, self.dtype = label, causal, hint, dtype
         B, H, H_kv, N_q, N_k, d = dims
         item = 2 if dtype == "float16" else 4
-        self.shape = _triton_bytes.Shape(B, H, H_kv, N_q, N_k, d, item, causal, bs, bs)
+        self.shape = _triton_bytes.Shape(B, H, H_kv, N_q, N_k, d, item, causal, *blocks)
         q, k, v = random_qkv(B, H, N_q, N_k, d, dtype, H_kv=H_kv, seed=rng)
         tdtype = getattr(torch, dtype)
         self.q, self.k, self.v = (_triton.gapped(x, tdtype) for x in (q, k, v))
@@ -96,32 +102,27 @@ class ForwardCase:
     def run(self, learner, first: bool):
         s = self.shape
         names = {self.q.data_ptr(): "Q", self.k.data_ptr(): "K", self.v.data_ptr(): "V"}
-        if _triton.is_kernel(learner):
-            o = _triton.sentinel_like((s.B, s.H, s.N_q, s.d), self.tdtype)
-            lse = _triton.sentinel_like((s.B, s.H, s.N_q), torch.float32)
+        o = _triton.nan_output((s.B, s.H, s.N_q, s.d), self.tdtype)
+        lse = _triton.nan_output((s.B, s.H, s.N_q), torch.float32)
 
-            def work():
-                return launch_forward(
-                    learner,
-                    self.q,
-                    self.k,
-                    self.v,
-                    causal=self.causal,
-                    out=(o, lse),
-                    block_m=s.block_m,
-                    block_n=s.block_n,
-                )
-        else:
-
-            def work():
-                return tuple(learner(self.q, self.k, self.v, causal=self.causal))
+        def work():
+            return launch_forward(learner, self.q, self.k, self.v, causal=self.causal,
+                                  out=(o, lse), block_m=s.block_m, block_n=s.block_n)  # fmt: skip
 
         run = _triton.run_learner(work, learner, names)
-        if first and _triton.is_kernel(learner) and _triton.nothing_stored(run.outputs):
+        if first and _triton.nothing_stored(run.outputs):
             raise NotImplementedError("the kernel stored nothing")
         return run
 
-    def judge(self, run, kernel_path: bool) -> tuple[bool, str]:
+    def tiles(self) -> list:
+        s = self.shape
+        return [
+            _triton.Tile("K", 2, s.block_n, "keys", "BLOCK_N"),
+            _triton.Tile("V", 2, s.block_n, "keys", "BLOCK_N"),
+            _triton.Tile("Q", 2, s.block_m, "query rows", "BLOCK_M"),
+        ]
+
+    def judge(self, run) -> tuple[bool, str]:
         s = self.shape
         outs = [
             _triton_judge.Output("o", "O", self.o, tolerance(self.dtype), s.N_q),
@@ -130,12 +131,14 @@ class ForwardCase:
         return _triton_judge.judge_run(
             run,
             outs,
-            kernel_path=kernel_path,
             budget=_triton_bytes.forward(s),
             variants=self._variants,
             tf32=self._tf32 if self.dtype == "float32" else None,
             own=self._empty_rows,
             hint=self.hint,
+            tiles=self.tiles(),
+            owner=("O", [(2, s.block_m, 0, "rows")]),
+            locate=lambda got: _triton_judge.where_wrong(got, outs, s.block_m),
         )
 
     def _scale(self) -> float:
@@ -171,11 +174,11 @@ class BackwardCase:
     """One case of exercise 7.3 (kind "dkdv") or 7.4 (kind "dq"): gapped q, k, v, dO, lse and D
     (D = rowsum(dO * O) from O as stored in the input dtype), float64 gradients, a run, a judge."""
 
-    def __init__(self, kind, rng, label, dims, dtype, causal, hint, bs=BLOCK):
+    def __init__(self, kind, rng, label, dims, dtype, causal, hint, blocks=(BLOCK, BLOCK)):
         self.kind, self.label, self.causal, self.hint, self.dtype = kind, label, causal, hint, dtype
         B, H, H_kv, N_q, N_k, d = dims
         item = 2 if dtype == "float16" else 4
-        self.shape = _triton_bytes.Shape(B, H, H_kv, N_q, N_k, d, item, causal, bs, bs)
+        self.shape = _triton_bytes.Shape(B, H, H_kv, N_q, N_k, d, item, causal, *blocks)
         q, k, v = random_qkv(B, H, N_q, N_k, d, dtype, H_kv=H_kv, seed=rng)
         do = rng.standard_normal(q.shape).astype(dtype)
         o, lse = reference.forward(q, k, v, causal=causal)
@@ -193,26 +196,27 @@ class BackwardCase:
                  (self.do, "dO"), (self.lse, "lse"), (self.delta, "D"))}  # fmt: skip
         args = (self.do, self.q, self.k, self.v, self.lse, self.delta)
         opts = dict(causal=self.causal, block_m=s.block_m, block_n=s.block_n)
-        if _triton.is_kernel(learner) and self.kind == "dq":
-            dq = _triton.sentinel_like(self.q.shape, self.tdtype)
+        if self.kind == "dq":
+            dq = _triton.nan_output(self.q.shape, self.tdtype)
 
             def work():
                 return (launch_dq(learner, *args, out=dq, **opts),)
-        elif _triton.is_kernel(learner):
-            dk, dv = (_triton.sentinel_like(self.k.shape, self.tdtype) for _ in range(2))
+        else:
+            dk, dv = (_triton.nan_output(self.k.shape, self.tdtype) for _ in range(2))
 
             def work():
                 return launch_dkdv(learner, *args, out=(dk, dv), **opts)
-        else:
-
-            def work():
-                got = learner(*args, causal=self.causal)
-                return (got,) if self.kind == "dq" else tuple(got)
 
         run = _triton.run_learner(work, learner, names)
-        if first and _triton.is_kernel(learner) and _triton.nothing_stored(run.outputs):
+        if first and _triton.nothing_stored(run.outputs):
             raise NotImplementedError("the kernel stored nothing")
         return run
+
+    def tiles(self) -> list:
+        s = self.shape
+        keys = [_triton.Tile(t, 2, s.block_n, "keys", "BLOCK_N") for t in ("K", "V")]
+        rows = [_triton.Tile(t, 2, s.block_m, "query rows", "BLOCK_M") for t in ("Q", "dO")]
+        return keys + rows
 
     def _outputs(self) -> list:
         tol, s = tolerance(self.dtype, grad=True), self.shape
@@ -224,12 +228,21 @@ class BackwardCase:
             _triton_judge.Output("dv", "dV", dv, tol, s.N_k),
         ]
 
-    def judge(self, run, kernel_path: bool) -> tuple[bool, str]:
+    def judge(self, run) -> tuple[bool, str]:
         budget = (_triton_bytes.dq if self.kind == "dq" else _triton_bytes.dkdv)(self.shape)
+        outs = self._outputs()
+        block = self.shape.block_m if self.kind == "dq" else self.shape.block_n
+        owner = ("dQ", [(2, block, 0, "rows")]) if self.kind == "dq" else None
+        owner = owner or ("dK", [(2, block, 0, "keys")])
+
+        def locate(got):
+            text = _triton_judge.where_wrong(got, outs, block)
+            return text.replace("query block", "key block") if self.kind != "dq" else text
+
         return _triton_judge.judge_run(
-            run, self._outputs(), kernel_path=kernel_path, budget=budget, hint=self.hint,
+            run, outs, budget=budget, hint=self.hint,
             variants=self._variants, tf32=self._tf32 if self.dtype == "float32" else None,
-            own=self._empty_rows,
+            own=self._empty_rows, tiles=self.tiles(), locate=locate, owner=owner,
         )  # fmt: skip
 
     def _common(self) -> tuple:
@@ -259,20 +272,21 @@ class BackwardCase:
         return _attn_variants.EMPTY_ROWS_BWD if has_empty and nan else ""
 
 
-def graded(learner, cases: list) -> tuple:
-    """(call, [Case]) for `grade`: call(case) runs the learner on a case; each Case judges its
-    run, the first case's empty run meaning "not attempted yet"."""
-    kernel_path = _triton.is_kernel(learner)
+def graded(learner, cases: list, grader: str, example: str) -> tuple:
+    """(call, [Case]) for `grade`: call(case) launches the learner's kernel on a case (a Python
+    function is a named shortcut); each Case judges its run, the first case's empty run meaning
+    "not attempted yet"."""
 
     def call(case):
-        return case.run(learner, first=case is cases[0])
+        _triton.require_kernel(learner, grader, example)
+        return case.run(_triton.runnable(learner), first=case is cases[0])
 
     return call, [
         Case(
             c.label,
             (c,),
             None,
-            check=lambda run, _, c=c: c.judge(run, kernel_path),
+            check=lambda run, _, c=c: c.judge(run),
             inputs=describe(c.shape, c.dtype),
         )
         for c in cases

@@ -163,6 +163,25 @@ def _per(n: int, a: Allowance) -> str:
     return ""
 
 
+def _passes(measured: traffic.Traffic, budget: dict) -> str:
+    """'' or "two passes over the keys" when K was read a whole number of times more than FA2
+    reads it while V was not: a softmax that finds the row max (and sum) in passes of its own."""
+    k, v = budget.get(("K", "read")), budget.get(("V", "read"))
+    if k is None or v is None or k.advice == ONCE_KV:  # dK/dV: K is loaded once per program
+        return ""
+    got_k, got_v = measured.reads.get("K", 0), measured.reads.get("V", 0)
+    if not (v.low <= got_v <= v.high) or got_k <= k.high:
+        return ""
+    for n, word in ((2, "two"), (3, "three")):
+        if n * k.low <= got_k <= n * k.high:
+            return (
+                f"your kernel read K {n} times as often as V ({got_k:,} B against FA2's at most "
+                f"{k.high:,} B): {word} passes over the keys, the first for the row max; the "
+                "online softmax takes one, rescaling l and acc as the max grows"
+            )
+    return ""
+
+
 def judge(measured: traffic.Traffic, budget: dict, outputs: tuple[str, ...]) -> str:
     """'' when every tensor moves bytes inside its allowance; else one sentence about the first
     tensor that does not, with its bytes."""
@@ -182,6 +201,9 @@ def judge(measured: traffic.Traffic, budget: dict, outputs: tuple[str, ...]) -> 
                     f"HBM: FlashAttention keeps scores, probabilities and running sums on chip; "
                     f"only {kept} leave it"
                 )
+    passes = _passes(measured, budget)
+    if passes:
+        return passes
     for (name, direction), a in budget.items():
         n = (measured.reads if direction == "read" else measured.writes).get(name, 0)
         if a.low <= n <= a.high:

@@ -2,12 +2,14 @@
 numbers are from float64, and which known mistake explains them.
 
 `judge_run` goes from the plainest evidence to the subtlest and stops at the first thing wrong:
-stores past the last row or rows never stored (the sentinel-filled buffers of
-`flashedu.checks._triton`), loads outside every tensor (the NaN gaps, charged to no tensor by
-`traffic.measure`), the numbers against float64 (NaN and infinities named), then, if they are
-wrong, one diagnosis: the case's own (rows that see no key), a float64 twin of a known mistake
-that the answer equals (`_attn_variants`), a TF32-sized error; if they are right, the bytes
-against the FA2 budget (`_triton_bytes`).
+tiles larger than the grader's blocks and stores outside a program's own tile (the method, checked
+before the numbers: right numbers from one tile of every key are still a shortcut), stores past the
+last row or rows never stored (the NaN-filled buffers of `flashedu.checks._triton`), loads outside
+every tensor (the NaN gaps, charged to no tensor by `traffic.measure`), the numbers against float64
+(NaN and infinities named), then, if they are wrong, one diagnosis: the case's own (rows that see no
+key), a float64 twin of a known mistake that the answer equals (`_attn_variants`), a TF32-sized
+error, else where the answer is wrong; if they are right, the bytes against the FA2 budget
+(`_triton_bytes`).
 
 Used by the graders in ch06.py and ch07.py; tested in tests/checks/test_ch06.py and ch07.
 """
@@ -23,7 +25,7 @@ from ..testing import Tolerance, to_numpy
 from ..traffic.measured import UNKNOWN
 from . import _triton_bytes
 from ._attn_variants import TF32
-from ._triton import Run, measured_traffic, output_problem
+from ._triton import Run, measured_traffic, output_problem, ownership_problem, tile_problem
 
 
 @dataclass
@@ -143,39 +145,165 @@ def diagnose(got: tuple, outs: list[Output], variants: dict, tf32: tuple | None)
     return ""
 
 
+def where_wrong(got: tuple, outs: list[Output], block_m: int) -> str:
+    """Where the answer is wrong, for a failure no known mistake explains: the rows (and query
+    blocks) of the first wrong output, so the learner looks there."""
+    for g, o in zip(got, outs):
+        gg, e = to_numpy(g), o.expected
+        if gg.shape != e.shape:
+            continue
+        bad = ~np.isclose(gg, e, rtol=o.tol.rtol, atol=o.tol.atol, equal_nan=False)
+        bad |= np.isinf(gg) != np.isinf(e)
+        bad &= ~(np.isinf(e) & (gg == e))
+        if not bad.any():
+            continue
+        axis = 2 if bad.ndim >= 3 else 0
+        other = tuple(i for i in range(bad.ndim) if i != axis)
+        rows = np.flatnonzero(bad.any(axis=other))
+        n = bad.shape[axis]
+        blocks = sorted({int(r) // block_m for r in rows})
+        which = (
+            f"row {rows[0]}"
+            if len(rows) == 1
+            else f"{len(rows)} of {n} rows, {rows[0]}..{rows[-1]}"
+        )
+        where = "block" if len(blocks) == 1 else "blocks"
+        return (
+            f"{o.name} is wrong in {which} (query {where} "
+            f"{', '.join(map(str, blocks[:6]))}{', ...' if len(blocks) > 6 else ''} of "
+            f"BLOCK_M = {block_m}) and right elsewhere; it matches none of the usual mistakes"
+        )
+    return ""
+
+
 def judge_run(
     run: Run,
     outs: list[Output],
     *,
-    kernel_path: bool,
     budget: dict,
     variants: Callable[[], dict],
     tf32: Callable[[], tuple] | None = None,
     own: Callable[[tuple], str] | None = None,
     hint: str = "",
+    tiles: list | None = None,
+    owner: tuple | None = None,
+    locate: Callable[[tuple], str] | None = None,
 ) -> tuple[bool, str, str]:
-    """(ok, detail, diagnosis) for one case: the diagnosis names what is wrong (or is the case's
-    hint when nothing known matches); '' when the case passes."""
+    """(ok, detail, diagnosis) for one case: the diagnosis names what is wrong (or, when nothing
+    known matches, says where the answer is wrong, else gives the case's hint); '' when the case
+    passes. tiles: `_triton.Tile` limits; owner: (output, axes) for `_triton.ownership_problem`."""
     got = run.outputs
-    if len(got) != len(outs):
-        names = ", ".join(o.name for o in outs)
-        return False, f"{len(got)} results", f"return {len(outs)} results ({names})"
-    if kernel_path:
-        for g, o in zip(got, outs):
-            problem = output_problem(g, o.model, o.rows)
-            if problem:
-                return False, f"{o.name}: stores", problem
-    measured = measured_traffic(run, {o.model: g for g, o in zip(got, outs)})
+    named = {o.model: g for g, o in zip(got, outs)}
+    problem = tile_problem(run, named, tiles or [])
+    if problem:
+        return False, "tiles larger than the grader's blocks", problem
+    if owner is not None:
+        problem = ownership_problem(run, named, *owner)
+        if problem:
+            return False, "a program stored outside its tile", problem
+    for g, o in zip(got, outs):
+        problem = output_problem(g, o.model, o.rows)
+        if problem:
+            return False, f"{o.name}: stores", problem
+    measured = measured_traffic(run, named)
     if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
         return False, "bytes outside the tensors", _triton_bytes.judge(measured, budget, ())
     parts = [compare(o.name, g, o.expected, o.tol) for g, o in zip(got, outs)]
     text = "; ".join(t for _, t, _ in parts)
     if not all(ok for ok, _, _ in parts):
         why = (own(got) if own else "") or diagnose(got, outs, variants(), tf32() if tf32 else None)
-        return False, text, why or hint
+        return False, text, why or (locate(got) if locate else "") or hint
     if measured is None:
         return True, text, ""
     verdict = _triton_bytes.judge(measured, budget, tuple(o.model for o in outs))
     if verdict:
         return False, f"{text}; bytes differ from FA2's", verdict
     return True, f"{text}; bytes as FA2", ""
+
+
+def tile_case(
+    label: str,
+    launch: Callable,
+    names: dict,
+    out_shape: tuple,
+    expected,
+    hint: str,
+    check: Callable,
+    *,
+    first: bool,
+    out_name: str,
+    tiles: list,
+    owner_axes: list,
+    grader: str,
+    example: str,
+    inputs: str,
+):
+    """A Case for a kernel whose grid the grader lays over its output (6.1, 7.1, 7.2): the grader
+    launches the learner's kernel itself, `launch(kernel, out)`, into a NaN-filled output of
+    `out_shape` with its own blocks; the judge checks the stores, loads outside the tensors, tile
+    spans (`tiles`) and that each program stored only its own tile (`owner_axes`) before `check`
+    compares the numbers."""
+    import torch
+
+    from ._core import Case
+    from ._triton import (
+        nan_output,
+        nothing_stored,
+        require_kernel,
+        run_learner,
+        runnable,
+    )
+
+    def call(kernel):
+        require_kernel(kernel, grader, example)
+        kernel = runnable(kernel)
+        out = nan_output(out_shape, torch.float32)
+        run = run_learner(lambda: (launch(kernel, out),), kernel, names)
+        if first and nothing_stored(run.outputs):
+            raise NotImplementedError("the kernel stored nothing")
+        return run
+
+    def judge(run, expected):
+        got = run.outputs[0]
+        named = {out_name: got}
+        problem = tile_problem(run, named, tiles)
+        if problem:
+            return False, "tiles larger than the grader's blocks", problem
+        problem = ownership_problem(run, named, out_name, owner_axes)
+        if problem:
+            return False, "a program stored outside its tile", problem
+        rows = out_shape[0] if len(out_shape) == 2 else out_shape[2]
+        problem = output_problem(got, out_name, rows)
+        if problem:
+            return False, f"{out_name}: stores", problem
+        measured = measured_traffic(run, named)
+        if measured is not None and (UNKNOWN in measured.reads or UNKNOWN in measured.writes):
+            return False, "bytes outside the tensors", _triton_bytes.judge(measured, {}, ())
+        result = check(got.detach().cpu(), expected)
+        if result[0] or (len(result) > 2 and result[2]):
+            return result
+        return False, result[1], _where_in_matrix(got.detach().cpu(), expected, out_name) or hint
+
+    return Case(label, (), expected, hint=hint, check=judge, call=call, inputs=inputs)
+
+
+def _where_in_matrix(got, expected: np.ndarray, name: str) -> str:
+    """For an answer no known mistake explains: the rows and columns (or rows of each head) where
+    it is wrong, so the learner looks there rather than at a guessed cause."""
+    g = to_numpy(got)
+    if g.shape != expected.shape:
+        return ""
+    both_inf = np.isinf(expected) & (g == expected)
+    bad = ~(np.isclose(g, expected, rtol=1e-4, atol=1e-5) | both_inf)
+    if not bad.any():
+        return ""
+    idx = np.argwhere(bad)
+    lo, hi = idx.min(0), idx.max(0)
+    where = ", ".join(
+        f"{axis} {a}..{b}" for axis, a, b in zip(("rows", "columns")[-g.ndim:] if g.ndim <= 2
+                                                  else ("batch", "head", "rows"), lo, hi)
+    )  # fmt: skip
+    return (
+        f"{name} is wrong in {int(bad.sum())} of {bad.size} entries ({where}) and right elsewhere; "
+        "it matches none of the usual mistakes"
+    )

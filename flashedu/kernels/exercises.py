@@ -1,8 +1,10 @@
 """Host code for the kernels the learner writes: the same launchers for everyone, and the few lines
 of each kernel that the skeletons give.
 
-Chapter 06's exercise is the whole FlashAttention-2 forward kernel, chapter 07's the dK/dV kernel
-and the dQ kernel. The learner writes the `@triton.jit` function; everything around it is here:
+Chapter 06's exercises are a kernel of the scores, one program per tile (6.1), and the whole
+FlashAttention-2 forward kernel (6.3); chapter 07's the preprocess D = rowsum(dO * O) (7.1), a tile
+of P rebuilt from lse (7.2), the dK/dV kernel and the dQ kernel (7.3, 7.4). The learner writes the
+`@triton.jit` function; everything around it is here:
 validation, the output buffers, the grid, the arguments in a fixed order (the skeleton's
 signature), and `PRECISION`, which is "ieee" for float32 inputs so that `tl.dot` multiplies in
 full float32 on a GPU too (its default there rounds float32 inputs to TF32). The graders in
@@ -110,6 +112,9 @@ def dkdv_head(
 # --------------------------------------------------------------------------------------------------
 # Launchers: validation, buffers, grid, arguments in the skeleton's order
 # --------------------------------------------------------------------------------------------------
+SCORES_PARAMS = 13  # parameters of the exercise 6.1 kernel
+PREPROCESS_PARAMS = 15  # exercise 7.1
+PROBABILITIES_PARAMS = 14  # exercise 7.2
 FORWARD_PARAMS = 29  # parameters of the forward skeleton
 DQ_PARAMS = 34
 DKDV_PARAMS = 38
@@ -157,6 +162,112 @@ def _check_out(x, shape, dtype, arg, name):
             f"dimension, got {tuple(x.shape)} {x.dtype} with strides {x.stride()}"
         )
     return x
+
+
+def _one_head(q, k, name):
+    for arg, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.stride(-1) != 1:
+            raise ValueError(
+                f"{name}: {arg} must be a 2D (N, d) tensor of one head with a contiguous last "
+                f"dimension, got {getattr(x, 'shape', type(x).__name__)}"
+            )
+    if q.shape[1] != k.shape[1] or q.dtype != torch.float32 or k.dtype != torch.float32:
+        raise ValueError(
+            f"{name}: q and k must be float32 with the same d, got {tuple(q.shape)} {q.dtype} "
+            f"and {tuple(k.shape)} {k.dtype}"
+        )
+    d = q.shape[1]
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"{name}: d must be a power of two >= 16, got {d}")
+    return q.shape[0], k.shape[0], d
+
+
+def _tile_grid(kernel, params, name, what, q, k, block_m, block_n):
+    _check_kernel(kernel, params, name, what)
+    N_q, N_k, d = _one_head(q, k, name)
+    block_m, block_n = block_m or _block_default(), block_n or _block_default()
+    _check_blocks(block_m, block_n, name)
+    return N_q, N_k, d, block_m, block_n, (triton.cdiv(N_q, block_m), triton.cdiv(N_k, block_n))
+
+
+def launch_scores(
+    kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch an exercise 6.1 kernel, `kernel(Q, K, S, stride_qm, stride_kn, stride_sm, N_q, N_k,
+    sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)`, on q (N_q, d) and k (N_k, d) float32 of one
+    head: one program per (BLOCK_M, BLOCK_N) tile of s, grid (cdiv(N_q, BLOCK_M),
+    cdiv(N_k, BLOCK_N)). Returns s (N_q, N_k) float32, or fills `out`."""
+    name = "triton_exercises.launch_scores"
+    N_q, N_k, d, bm, bn, grid = _tile_grid(kernel, SCORES_PARAMS, name, "scores", q, k, block_m,
+                                           block_n)  # fmt: skip
+    s = torch.empty((N_q, N_k), device=q.device, dtype=torch.float32) if out is None else out
+    _check_out(s, (N_q, N_k), torch.float32, "out", name)
+    kernel[grid](q, k, s, q.stride(0), k.stride(0), s.stride(0), N_q, N_k, d**-0.5,
+                 bool(causal), d, bm, bn)  # fmt: skip
+    return s
+
+
+def launch_probabilities(
+    kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    causal: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch an exercise 7.2 kernel, `kernel(Q, K, LSE, P, stride_qm, stride_kn, stride_pm, N_q,
+    N_k, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)`, on q (N_q, d), k (N_k, d) float32 and the
+    forward's lse (N_q,) float32: one program per tile of p, grid as for the scores. Returns p
+    (N_q, N_k) float32, or fills `out`."""
+    name = "triton_exercises.launch_probabilities"
+    N_q, N_k, d, bm, bn, grid = _tile_grid(kernel, PROBABILITIES_PARAMS, name, "probabilities", q,
+                                           k, block_m, block_n)  # fmt: skip
+    _check_out(lse, (N_q,), torch.float32, "lse", name)
+    p = torch.empty((N_q, N_k), device=q.device, dtype=torch.float32) if out is None else out
+    _check_out(p, (N_q, N_k), torch.float32, "out", name)
+    kernel[grid](q, k, lse, p, q.stride(0), k.stride(0), p.stride(0), N_q, N_k, d**-0.5,
+                 bool(causal), d, bm, bn)  # fmt: skip
+    return p
+
+
+def launch_preprocess(
+    kernel,
+    o: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    block_m: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch an exercise 7.1 kernel, `kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om,
+    stride_db, stride_dh, stride_dm, stride_deltab, stride_deltah, N, H, HEAD_DIM, BLOCK_M)`, on o
+    and do (B, H, N, d): one program per BLOCK_M rows of one (batch, head), grid
+    (cdiv(N, BLOCK_M), B * H). Returns delta (B, H, N) float32, or fills `out`."""
+    name = "triton_exercises.launch_preprocess"
+    _check_kernel(kernel, PREPROCESS_PARAMS, name, "preprocess")
+    if o.ndim != 4 or o.shape != do.shape or o.stride(-1) != 1 or do.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: o and do must be (B, H, N, d) tensors of one shape with a contiguous last "
+            f"dimension, got {tuple(o.shape)} and {tuple(do.shape)}"
+        )
+    B, H, N, d = o.shape
+    block_m = block_m or _block_default()
+    _check_blocks(block_m, block_m, name)
+    delta = torch.empty((B, H, N), device=o.device, dtype=torch.float32) if out is None else out
+    _check_out(delta, (B, H, N), torch.float32, "out", name)
+    kernel[(triton.cdiv(N, block_m), B * H)](
+        o, do, delta, *o.stride()[:3], *do.stride()[:3], *delta.stride()[:2], N, H, d, block_m
+    )
+    return delta
 
 
 def launch_forward(

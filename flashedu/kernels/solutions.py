@@ -1,16 +1,16 @@
-"""Worked solutions of the kernel exercises, written as a learner fills the skeletons: the whole
-FlashAttention-2 forward kernel (chapter 06) and the dK/dV and dQ kernels of its backward
-(chapter 07).
+"""Worked solutions of the kernel exercises, written as a learner fills the skeletons: the scores
+kernel (6.1) and the whole FlashAttention-2 forward kernel (6.3) of chapter 06; the preprocess
+(7.1), P rebuilt from lse (7.2), and the dK/dV and dQ kernels (7.3, 7.4) of chapter 07.
 
 Each kernel keeps the skeleton's signature and given prologue (`flashedu.kernels.exercises`) and
 fills the rest the plain way: every key (or query) block goes through one masked path, `tl.exp`
 in natural units, no block-range split. That is what `checks.solution(...)` shows for exercises
-6.3, 7.3 and 7.4. The package's own kernels (`flashedu.kernels.fwd`, `kernels.bwd`) are
+6.1, 6.3, 7.1-7.4. The package's own kernels (`flashedu.kernels.fwd`, `triton_backward`) are
 the tuned versions of the same algorithm: base-2 exponentials with log2(e) folded into the scale,
 mask arithmetic only on the blocks that need it, windows, ALiBi and autotuning.
 
-`forward` and `backward` run these kernels through the launchers; tests/kernels/test_solutions.py
-holds them to the float64 reference on the cases `kernels.fwd` is tested on (ragged lengths,
+`forward` and `backward` run these kernels through the launchers; tests/test_triton_solutions.py
+holds them to the float64 reference on the cases `triton_attention` is tested on (ragged lengths,
 causal with N_q != N_k, rows that see no key, GQA, float16 and float32).
 
 Introduced in notebooks/06_triton_forward.ipynb (forward) and notebooks/07_triton_backward.ipynb
@@ -32,6 +32,66 @@ from .exercises import (
     launch_dq,
     launch_forward,
 )
+
+
+@triton.jit
+def scores_kernel(
+    Q, K, S, stride_qm, stride_kn, stride_sm, N_q, N_k, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Tile (program_id(0), program_id(1)) of s = q k^T * sm_scale, -inf where hidden."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + rows[:, None] * stride_qm + dims[None, :], mask=rows[:, None] < N_q, other=0.0)
+    k = tl.load(K + cols[:, None] * stride_kn + dims[None, :], mask=cols[:, None] < N_k, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale  # (BLOCK_M, BLOCK_N)
+    if CAUSAL:  # bottom-right: query i sees keys j <= i + N_k - N_q
+        s = tl.where(cols[None, :] <= rows[:, None] + (N_k - N_q), s, -float("inf"))
+    inside = (rows[:, None] < N_q) & (cols[None, :] < N_k)
+    tl.store(S + rows[:, None] * stride_sm + cols[None, :], s, mask=inside)
+
+
+@triton.jit
+def probabilities_kernel(
+    Q, K, LSE, P, stride_qm, stride_kn, stride_pm, N_q, N_k, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Tile (program_id(0), program_id(1)) of p = exp(s - lse), 0 where hidden and on rows with
+    lse = -inf; base 2, log2(e) folded into both terms."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + rows[:, None] * stride_qm + dims[None, :], mask=rows[:, None] < N_q, other=0.0)
+    k = tl.load(K + cols[:, None] * stride_kn + dims[None, :], mask=cols[:, None] < N_k, other=0.0)
+    lse = tl.load(LSE + rows, mask=rows < N_q, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * (sm_scale * 1.4426950408889634)
+    p = tl.math.exp2(s - lse[:, None] * 1.4426950408889634)
+    keep = cols[None, :] < N_k
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None] + (N_k - N_q))
+    p = tl.where(keep, p, 0.0)  # after the exponential: -inf - (-inf) never reaches the output
+    inside = (rows[:, None] < N_q) & (cols[None, :] < N_k)
+    tl.store(P + rows[:, None] * stride_pm + cols[None, :], p, mask=inside)
+
+
+@triton.jit
+def preprocess_kernel(
+    O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
+    stride_deltab, stride_deltah, N, H, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """delta = rowsum(do * o) in float32 for BLOCK_M rows of one (batch, head)."""
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    in_n = rows[:, None] < N
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
+                mask=in_n, other=0.0)  # fmt: skip
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dm + dims[None, :],
+                 mask=in_n, other=0.0)  # fmt: skip
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + b * stride_deltab + h * stride_deltah + rows, delta, mask=rows < N)
 
 
 @triton.jit

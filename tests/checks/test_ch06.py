@@ -10,16 +10,16 @@ import pytest
 import torch
 import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
 import triton.language as tl  # noqa: E402
-from fixtures.learner_kernels import as_learner, planted
+from fixtures.learner_kernels import my_flash_forward, my_scores_kernel, planted
 from fixtures.planted_forward import bad_forward
+from fixtures.planted_tiles import bad_scores
 
 from flashedu import checks, traffic
 from flashedu.checks import _attn_variants, _kernel_cases, _triton, _triton_bytes, _triton_judge
 from flashedu.kernels import exercises as triton_exercises
-from flashedu.kernels import fwd
+from flashedu.kernels import fwd as triton_attention
 from flashedu.kernels import intro as triton_intro
 from flashedu.kernels import solutions as triton_solutions
-from flashedu.masks import band
 from flashedu.testing import random_qkv, run_grader, tolerance
 
 
@@ -34,75 +34,19 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-@triton.jit
-def _scores(
-    Q,
-    K,
-    OUT,
-    N_q,
-    N_k,
-    scale,
-    D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    BUG: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    q = tl.load(
-        Q + rows[:, None] * D + tl.arange(0, D)[None, :], mask=rows[:, None] < N_q, other=0.0
-    )
-    k = tl.load(
-        K + cols[:, None] * D + tl.arange(0, D)[None, :], mask=cols[:, None] < N_k, other=0.0
-    )
-    if BUG == "tf32":  # what a GPU's tl.dot does to float32 inputs without input_precision="ieee"
-        q = (q.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        k = (k.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    if BUG != "no scale":
-        s = s * scale
-    if CAUSAL:
-        shift = N_k - N_q
-        if BUG == "top-left":
-            shift = 0
-        keep = cols[None, :] <= rows[:, None] + shift
-        if BUG == "masked to 0":
-            s = tl.where(keep, s, 0.0)
-        else:
-            s = tl.where(keep, s, -float("inf"))
-    tl.store(
-        OUT + rows[:, None] * N_k + cols[None, :],
-        s,
-        mask=(rows[:, None] < N_q) & (cols[None, :] < N_k),
-    )
-
-
-def _my_scores(bug=""):
-    def fn(q, k, causal=False):
-        (N_q, d), N_k = q.shape, k.shape[0]
-        out = torch.zeros(N_q, N_k, device=q.device)
-        rows = max(N_q // 16, 1) if bug == "grid floor" else triton.cdiv(N_q, 16)
-        _scores[(rows, triton.cdiv(N_k, 16))](
-            q, k, out, N_q, N_k, d**-0.5, D=d, CAUSAL=causal, BUG=bug, BM=16, BN=16
-        )
-        return out
-
-    return fn
-
-
 def test_triton_scores_accepts_a_correct_kernel():
-    report, text = run_grader(checks.triton_scores, _my_scores())
+    report, text = run_grader(checks.triton_scores, my_scores_kernel)
     assert report.passed, text
 
 
 @pytest.mark.parametrize(
     "fn,words",
     [
-        (triton_intro.scores, "called flashedu.kernels.intro.scores"),
-        (lambda q, k, causal=False: q @ k.T / q.shape[-1] ** 0.5, "no Triton kernel was launched"),
+        (triton_intro.scores, "is a Python function: checks.triton_scores grades your @triton.jit"),
+        (lambda q, k, causal=False: q @ k.T / q.shape[-1] ** 0.5, "is a Python function"),
+        (triton_solutions.scores_kernel, "flashedu's own kernel: pass the one you wrote"),
     ],
-    ids=["the package's kernel", "plain torch"],
+    ids=["the package's function", "plain torch", "the solution kernel"],
 )
 def test_triton_scores_rejects_shortcuts(fn, words):
     report, text = run_grader(checks.triton_scores, fn)
@@ -115,19 +59,19 @@ def test_triton_scores_rejects_shortcuts(fn, words):
         ("no scale", "1/sqrt(d)"),
         ("masked to 0", "not 0"),
         ("top-left", "bottom-right"),
-        ("grid floor", "the grid must round up"),
+        ("swapped axes", "outside its own rows"),
         ("tf32", "input_precision"),
     ],
 )
 def test_triton_scores_names_each_planted_bug(bug, words):
-    report, text = run_grader(checks.triton_scores, _my_scores(bug), seed=3)
+    report, text = run_grader(checks.triton_scores, planted(bad_scores, bug), seed=3)
     assert not report.passed, bug
     assert words in flat(text), text
 
 
 def _my_kv_range(bug=""):
     def fn(first, last, N_q, N_k, block_n, causal=False):
-        off, _, right = band(N_q, N_k, causal=causal)
+        off, right = N_k - N_q, (0 if causal else -1)  # bottom-right; right = -1: no causal edge
         off = 0 if bug == "top-left" else off
         hi, full_hi = N_k, N_k
         if right >= 0:
@@ -148,9 +92,8 @@ def _my_kv_range(bug=""):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kv_block_range_accepts_the_solution(seed):
-    for fn in (triton_intro.kv_range, _my_kv_range()):
-        report, text = run_grader(checks.kv_block_range, fn, seed)
-        assert report.passed, text
+    report, text = run_grader(checks.kv_block_range, _my_kv_range(), seed)
+    assert report.passed, text
 
 
 @pytest.mark.parametrize(
@@ -168,12 +111,20 @@ def test_kv_block_range_names_each_planted_bug(bug, words):
     assert words in flat(text), text
 
 
+@triton.jit
+def _empty_scores(
+    Q, K, S, stride_qm, stride_kn, stride_sm, N_q, N_k, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pass
+
+
 def test_stubs_report_not_attempted():
     def stub(*args, **kwargs):
-        raise NotImplementedError("Exercise 6.1")
+        raise NotImplementedError("Exercise 6.2")
 
-    for grader in (checks.triton_scores, checks.kv_block_range):
-        report, text = run_grader(grader, stub)
+    for grader, fn in ((checks.triton_scores, _empty_scores), (checks.kv_block_range, stub)):
+        report, text = run_grader(grader, fn)
         assert not report.attempted and "not attempted yet" in text
 
 
@@ -183,10 +134,8 @@ kernel_warnings = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_triton_forward_accepts_the_solution_as_a_learner_writes_it(seed):
-    report, text = run_grader(
-        checks.triton_forward, as_learner(triton_solutions.flash_forward_kernel), seed
-    )
+def test_triton_forward_accepts_a_learner_kernel(seed):
+    report, text = run_grader(checks.triton_forward, my_flash_forward, seed)
     assert report.passed, text
     assert all(detail.endswith("bytes as FA2") for _, _, detail in report.results), text
 
@@ -274,7 +223,7 @@ def _plain_torch(q, k, v, causal=False):
 
 
 def _calls_the_package(q, k, v, causal=False):
-    return fwd.forward(q, k, v, causal=causal)
+    return triton_attention.forward(q, k, v, causal=causal)
 
 
 def _writes_s(q, k, v, causal=False):
@@ -300,11 +249,11 @@ def _writes_s(q, k, v, causal=False):
 @pytest.mark.parametrize(
     "fn,words",
     [
-        (_plain_torch, "no Triton kernel was launched"),
-        (_calls_the_package, "called flashedu.kernels.fwd.forward"),
-        (fwd._attn_fwd, "flashedu.kernels.fwd._attn_fwd, flashedu's own kernel"),
+        (_plain_torch, "_plain_torch is a Python function: checks.triton_forward grades"),
+        (_calls_the_package, "is a Python function"),
+        (triton_attention._attn_fwd, "flashedu.kernels.fwd._attn_fwd, flashedu's own kernel"),
         (triton_solutions.flash_forward_kernel, "flashedu's own kernel: pass the one you wrote"),
-        (_writes_s, "wrote S ("),
+        (_writes_s, "is a Python function"),
     ],
     ids=["plain torch", "flashedu's forward", "flashedu's kernel", "the solution", "S in HBM"],
 )
@@ -357,7 +306,7 @@ def test_package_and_solution_kernels_move_bytes_inside_the_fa2_budget(dims, cau
     shape = _triton_bytes.Shape(B, H, H_kv, N_q, N_k, d, 4, causal, 16, 16)
     budget = _triton_bytes.forward(shape)
     for run in (
-        lambda: fwd.forward(q, k, v, causal=causal, block_m=16, block_n=16),
+        lambda: triton_attention.forward(q, k, v, causal=causal, block_m=16, block_n=16),
         lambda: triton_solutions.forward(q, k, v, causal=causal, block_m=16, block_n=16),
     ):
         assert _triton_bytes.judge(_measured(run), budget, ("O", "lse")) == ""

@@ -9,8 +9,15 @@ import pytest
 import torch
 import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
 import triton.language as tl  # noqa: E402
-from fixtures.learner_kernels import as_learner, planted
+from fixtures.learner_kernels import (
+    my_dkdv,
+    my_dq,
+    my_preprocess_kernel,
+    my_probabilities_kernel,
+    planted,
+)
 from fixtures.planted_backward import bad_dkdv, bad_dq
+from fixtures.planted_tiles import bad_preprocess, bad_probabilities
 
 from flashedu import checks, traffic
 from flashedu.checks import _triton_bytes
@@ -31,117 +38,33 @@ pytestmark = [
 ]
 
 
-@triton.jit
-def _rowdot(O, DO, DELTA, N, D: tl.constexpr, BUG: tl.constexpr, BLOCK: tl.constexpr):
-    bh = tl.program_id(1)
-    if BUG == "no head offset":
-        bh = 0
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ptrs = bh * N * D + rows[:, None] * D + tl.arange(0, D)[None, :]
-    o = tl.load(O + ptrs, mask=rows[:, None] < N, other=0.0)
-    do = tl.load(DO + ptrs, mask=rows[:, None] < N, other=0.0)
-    if BUG == "fp16 sum":
-        delta = tl.sum(o * do, 1).to(tl.float32)
-    else:
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh * N + rows, delta, mask=rows < N)
-
-
-def _my_preprocess(bug=""):
-    def fn(o, do):
-        B, H, N, d = o.shape
-        delta = torch.zeros(B, H, N, device=o.device)
-        rows = max(N // 16, 1) if bug == "grid floor" else triton.cdiv(N, 16)
-        _rowdot[(rows, B * H)](o.contiguous(), do.contiguous(), delta, N, D=d, BUG=bug, BLOCK=16)
-        return delta
-
-    return fn
-
-
 def test_bwd_preprocess_accepts_a_correct_kernel_and_rejects_the_package():
-    report, text = run_grader(checks.bwd_preprocess, _my_preprocess())
+    report, text = run_grader(checks.bwd_preprocess, my_preprocess_kernel)
     assert report.passed, text
     report, text = run_grader(checks.bwd_preprocess, triton_backward.preprocess)
-    assert "called flashedu.kernels.bwd.preprocess" in flat(text), text
-    report, text = run_grader(checks.bwd_preprocess, lambda o, do: (o.float() * do.float()).sum(-1))
-    assert "no Triton kernel was launched" in flat(text), text
+    assert "preprocess is a Python function" in flat(text), text
+    report, text = run_grader(checks.bwd_preprocess, triton_solutions.preprocess_kernel)
+    assert "flashedu's own kernel" in flat(text), text
 
 
 @pytest.mark.parametrize(
     "bug,words",
     [
         ("fp16 sum", "convert o and do to float32"),
-        ("grid floor", "cdiv(N, BLOCK)"),
         ("no head offset", "program_id(1)"),
     ],
 )
 def test_bwd_preprocess_names_each_planted_bug(bug, words):
-    report, text = run_grader(checks.bwd_preprocess, _my_preprocess(bug), seed=5)
+    report, text = run_grader(checks.bwd_preprocess, planted(bad_preprocess, bug), seed=5)
     assert not report.passed, bug
     assert words in flat(text), text
 
 
-@triton.jit
-def _probs(
-    Q,
-    K,
-    LSE,
-    OUT,
-    N_q,
-    N_k,
-    scale,
-    D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    BUG: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    q = tl.load(
-        Q + rows[:, None] * D + tl.arange(0, D)[None, :], mask=rows[:, None] < N_q, other=0.0
-    )
-    k = tl.load(
-        K + cols[:, None] * D + tl.arange(0, D)[None, :], mask=cols[:, None] < N_k, other=0.0
-    )
-    lse = tl.load(LSE + rows, mask=rows < N_q, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    if BUG != "no scale":
-        s = s * scale
-    shift = N_k - N_q
-    if BUG == "top-left":
-        shift = 0
-    keep = (cols[None, :] <= rows[:, None] + shift) | (not CAUSAL)
-    if BUG == "exp2 without log2(e)":
-        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
-    elif BUG == "mask before exp":
-        p = tl.math.exp2((tl.where(keep, s, -float("inf")) - lse[:, None]) * 1.4426950408889634)
-    else:
-        p = tl.where(keep, tl.math.exp2((s - lse[:, None]) * 1.4426950408889634), 0.0)
-    tl.store(
-        OUT + rows[:, None] * N_k + cols[None, :],
-        p,
-        mask=(rows[:, None] < N_q) & (cols[None, :] < N_k),
-    )
-
-
-def _my_probabilities(bug=""):
-    def fn(q, k, lse, causal=False):
-        (N_q, d), N_k = q.shape, k.shape[0]
-        out = torch.zeros(N_q, N_k, device=q.device)
-        _probs[(triton.cdiv(N_q, 16), triton.cdiv(N_k, 16))](
-            q, k, lse, out, N_q, N_k, d**-0.5, D=d, CAUSAL=causal, BUG=bug, BM=16, BN=16
-        )
-        return out
-
-    return fn
-
-
 def test_recompute_probabilities_accepts_a_correct_kernel_and_rejects_the_package():
-    report, text = run_grader(checks.recompute_probabilities, _my_probabilities())
+    report, text = run_grader(checks.recompute_probabilities, my_probabilities_kernel)
     assert report.passed, text
     report, text = run_grader(checks.recompute_probabilities, triton_intro.probabilities)
-    assert "called flashedu.kernels.intro.probabilities" in flat(text), text
+    assert "probabilities is a Python function" in flat(text), text
 
 
 @pytest.mark.parametrize(
@@ -154,17 +77,35 @@ def test_recompute_probabilities_accepts_a_correct_kernel_and_rejects_the_packag
     ],
 )
 def test_recompute_probabilities_names_each_planted_bug(bug, words):
-    report, text = run_grader(checks.recompute_probabilities, _my_probabilities(bug), seed=6)
+    report, text = run_grader(
+        checks.recompute_probabilities, planted(bad_probabilities, bug), seed=6
+    )
     assert not report.passed, bug
     assert words in flat(text), text
 
 
-def test_stubs_report_not_attempted():
-    def stub(*args, **kwargs):
-        raise NotImplementedError("Exercise 7.1")
+@triton.jit
+def _empty_preprocess(
+    O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm,
+    stride_deltab, stride_deltah, N, H, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    pass
 
-    for grader in (checks.bwd_preprocess, checks.recompute_probabilities):
-        report, text = run_grader(grader, stub)
+
+@triton.jit
+def _empty_probabilities(
+    Q, K, LSE, P, stride_qm, stride_kn, stride_pm, N_q, N_k, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pass
+
+
+def test_stubs_report_not_attempted():
+    for grader, kernel in (
+        (checks.bwd_preprocess, _empty_preprocess),
+        (checks.recompute_probabilities, _empty_probabilities),
+    ):
+        report, text = run_grader(grader, kernel)
         assert not report.attempted and "not attempted yet" in text
 
 
@@ -173,14 +114,11 @@ def test_stubs_report_not_attempted():
 
 @pytest.mark.parametrize(
     "grader,kernel",
-    [
-        (checks.triton_dkdv, triton_solutions.dkdv_kernel),
-        (checks.triton_dq, triton_solutions.dq_kernel),
-    ],
+    [(checks.triton_dkdv, my_dkdv), (checks.triton_dq, my_dq)],
     ids=["dkdv", "dq"],
 )
-def test_backward_graders_accept_the_solutions_as_a_learner_writes_them(grader, kernel):
-    report, text = run_grader(grader, as_learner(kernel), seed=1)
+def test_backward_graders_accept_learner_kernels(grader, kernel):
+    report, text = run_grader(grader, kernel, seed=1)
     assert report.passed, text
     assert all(detail.endswith("bytes as FA2") for _, _, detail in report.results), text
 
@@ -239,8 +177,8 @@ def _package_dq(do, q, k, v, lse, delta, causal=False):
 @pytest.mark.parametrize(
     "fn,words",
     [
-        (_plain_dq, "no Triton kernel was launched"),
-        (_package_dq, "called flashedu.kernels.bwd.backward"),
+        (_plain_dq, "_plain_dq is a Python function: checks.triton_dq grades"),
+        (_package_dq, "is a Python function"),
         (triton_backward.attn_bwd_dq, "flashedu.kernels.bwd.attn_bwd_dq, flashedu's own"),
         (triton_solutions.dq_kernel, "flashedu.kernels.solutions.dq_kernel, flashedu's own kernel"),
     ],

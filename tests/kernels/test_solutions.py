@@ -75,3 +75,27 @@ def test_outputs_can_be_views_with_any_row_strides():
     assert_close(lse, lse_ref, dtype="float32")
     assert (o_buf[:, :, 20:] == 0).all() and (lse_buf[:, :, 20:] == 0).all()
     assert np.isfinite(lse.numpy()).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_solutions_match_the_reference(causal, rng):
+    """The worked kernels of exercises 6.1, 7.1 and 7.2, launched as their graders launch them
+    (ragged lengths, BLOCK_M != BLOCK_N), against float64."""
+    q, k, _ = random_qkv(1, 1, 37, 45, 32, "float32", seed=rng, kind="torch")
+    q, k = q[0, 0], k[0, 0]
+    s = triton_exercises.launch_scores(
+        triton_solutions.scores_kernel, q, k, causal=causal, block_m=32, block_n=16
+    )
+    p, lse = reference.probabilities(q[None, None], k[None, None], causal=causal)
+    s64 = q.double() @ k.double().T / 32**0.5
+    keep = torch.ones(37, 45, dtype=torch.bool).tril(45 - 37) if causal else torch.ones(37, 45)
+    assert torch.equal(torch.isinf(s), ~keep.bool())
+    assert torch.allclose(s[keep.bool()].double(), s64[keep.bool()], atol=1e-5)
+    lse32 = torch.as_tensor(lse[0, 0], dtype=torch.float32)
+    got = triton_exercises.launch_probabilities(
+        triton_solutions.probabilities_kernel, q, k, lse32, causal=causal, block_m=16, block_n=32
+    )
+    assert_close(got, torch.as_tensor(p[0, 0]), dtype="float32", name="p")
+    o, do, _ = random_qkv(2, 3, 29, 29, 64, "float16", seed=rng, kind="torch")
+    delta = triton_exercises.launch_preprocess(triton_solutions.preprocess_kernel, o, do)
+    assert torch.allclose(delta.double(), (o.double() * do.double()).sum(-1), atol=1e-4)
