@@ -17,8 +17,8 @@ import numpy as np
 from .. import softmax
 from ..testing import Tolerance
 from ._core import Case, candidates, grade, grader, rng_for
-from ._method import OnePass, Shortcut, watch_arrays
-from ._watch import find_large_local, shape_text
+from ._method import OnePass, Shortcut
+from ._watch import watched_call
 
 __all__ = ["online_softmax", "merge_states"]
 
@@ -85,17 +85,22 @@ def _one_pass(x, block, limit):
     """Run fn on a OnePass stream of x, watching its arrays when `limit` is set."""
 
     def call(fn):
-        stream = OnePass(x, block)
+        streams = [OnePass(x, block), OnePass(x, block)]  # made outside the watch; one spare
+        used = []
+
+        def run(w):
+            used.append(streams.pop(0))
+            return fn(used[-1])
+
         try:
-            with watch_arrays(limit, what=f"the whole {x.shape[0]}x{x.shape[1]} row") as w:
-                got = fn(stream)
+            got, _ = watched_call(
+                run, limit_elems=limit, what=f"the whole {x.shape[0]}x{x.shape[1]} row"
+            )
         except Shortcut as e:
             if str(e).startswith("called"):
                 raise
-            if limit and w.largest_elems < limit and not stream.violations:  # name its shape
-                shape = find_large_local(fn, (OnePass(x, block),), {}, limit)
-                e = f"built a {shape_text(shape)} array" if shape else e
             raise Shortcut(f"{e}: {_ONE_PASS}") from None
+        stream = used[0]
         stream.close()
         if stream.violations:  # a Shortcut the learner's code swallowed
             raise Shortcut(f"read the row twice ({stream.violations[0]}): {_ONE_PASS}")
