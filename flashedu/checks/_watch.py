@@ -906,9 +906,9 @@ def kept_copy(fn, named: dict, n_q: int, n_k: int) -> str:
 
     seen: set[int] = set()
     for f in _functions_of(fn):
-        places = [(f"module-level variable `{k}`", v) for k, v in f.__globals__.items()]
         cells = zip(f.__code__.co_freevars, f.__closure__ or ())
-        places += [(f"closure variable `{n}`", c.cell_contents) for n, c in cells if _filled(c)]
+        places = [(f"closure variable `{n}`", c.cell_contents) for n, c in cells if _filled(c)]
+        places += [(f"module-level variable `{k}`", v) for k, v in f.__globals__.items()]
         for where, value in places:
             if isinstance(value, types.ModuleType) or id(value) in seen:
                 continue
