@@ -686,19 +686,19 @@ def numpy_held(thunk, limit_bytes: int):
     """Rerun thunk() under a line tracer; (bytes, shape or None) of the NumPy memory it
     held at once, counted in NumPy's tracemalloc domain only, when that reaches limit_bytes;
     else None. Python objects (an autograd graph, lists) never count."""
-    domain = tracemalloc.DomainFilter(True, _NP_DOMAIN)
+    domain = [tracemalloc.DomainFilter(True, _NP_DOMAIN), tracemalloc.Filter(False, __file__)]
     state = {"trigger": None, "found": None}
     tracing = tracemalloc.is_tracing()
     if not tracing:
         tracemalloc.start()
-    before = tracemalloc.take_snapshot().filter_traces([domain])
+    before = tracemalloc.take_snapshot().filter_traces(domain)
     held0 = sum(t.size for t in before.traces)
     base = tracemalloc.get_traced_memory()[0]
     state["trigger"] = base + limit_bytes
 
     def local(frame, event, arg):
         if state["found"] is None and tracemalloc.get_traced_memory()[0] >= state["trigger"]:
-            snap = tracemalloc.take_snapshot().filter_traces([domain])
+            snap = tracemalloc.take_snapshot().filter_traces(domain)
             held = sum(t.size for t in snap.traces) - held0
             now = tracemalloc.get_traced_memory()[0]
             if held >= limit_bytes:
