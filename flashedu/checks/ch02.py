@@ -4,10 +4,12 @@ Exercise 2.1 hands the learner the columns of x in blocks, through an iterator t
 once (`_method.OnePass`: a block is gone when the next one arrives), and asks for each row's
 running max m and running sum l = sum_j exp(x_j - m). A second pass is impossible, and trying one
 is a named shortcut; so is keeping the blocks (the last case is long enough that a kept row shows
-in memory). Exercise 2.2 asks for the merge of two partial states (m, l, o), o unnormalised.
-Both run with flashedu's own softmax functions off limits. A wrong answer is matched against the
-classic mistakes: l not rescaled when the max moves, m started at 0, exp of an unshifted logit,
-NaN from a fully masked row or state.
+in memory: a NumPy, torch or memory-mapped copy of the row, or more than half of it held in
+NumPy's own allocations) and reading the stream's private copy of the row. Exercise 2.2 asks for
+the merge of two partial states (m, l, o), o unnormalised. Both run with flashedu's own softmax
+functions off limits. A wrong answer is matched against the classic mistakes: l not rescaled when
+the max moves, m started at 0, exp of an unshifted logit, NaN from a fully masked row or state.
+Shortcuts are tested in tests/checks/test_ch02_shortcuts.py.
 """
 
 from __future__ import annotations

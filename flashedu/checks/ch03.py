@@ -1,12 +1,18 @@
 """Graders for notebooks/03_tiled_forward.ipynb: the tiled forward loop and its HBM byte count.
 
 Exercise 3.1 asks for the FA2-order tiled forward of one head (outer loop over query blocks, online
-softmax over K/V blocks), returning o and lse. It runs with flashedu's own implementations off
-limits, and on its last case (N_q = N_k = 256, 16 x 16 tiles) the grader watches every array the
-loop makes: an N_q x N_k score matrix, or the memory of one, is a named shortcut. A wrong answer is
-matched against planted bugs: the alpha rescale missing (from l, from o, or both), the short last
-block dropped (floor instead of ceil), the causal offset top-left, NaN on rows that see no key, lse
-without the max or with m + l. Exercise 3.2 asks for the HBM bytes of that loop.
+softmax over K/V blocks), returning o and lse, in the tiles the grader passes (block_m, block_n).
+It runs with flashedu's own implementations off limits, and the grader watches every array the
+loop makes on two cases (`_watch.py`): on N_q = N_k = 256 with 16 x 16 tiles an N_q x N_k score
+matrix, or the memory of one, is a named shortcut; on a case a few hundred keys long in tiles of
+about ten (both lengths ragged), any block of scores wider than block_n keys is one (a block of
+query rows against all the keys at once), and so is computing the score of a (query, key) pair
+twice (a first pass for the max, a second for the sums), a fused attention
+(`scaled_dot_product_attention`), and a copy of the whole K or V kept in a module-level or closure
+variable. A wrong answer is matched against planted bugs: the alpha rescale missing (from l, from
+o, or both), the short last block dropped (floor instead of ceil), the causal offset top-left, NaN
+on rows that see no key, lse without the max or with m + l. Exercise 3.2 asks for the HBM bytes of
+that loop. Shortcuts are tested in tests/checks/test_ch03_shortcuts.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
 """Graders for notebooks/04_recompute_backward.ipynb: the softmax backward and the tiled backward.
 
 Exercise 4.1 asks for the backward of a row-wise softmax; exercise 4.2 for the FA2 backward of one
-head, rebuilding each tile of P from q, k and the saved lse. Both run with flashedu's own
-implementations off limits; on 4.2's last case (N_q = N_k = 256, 16 x 16 tiles) the grader
-watches every array the loop makes, and an N_q x N_k matrix is a named shortcut. A wrong answer is
+head in the grader's tiles, rebuilding each tile of P from q, k and the saved lse. Both run with
+flashedu's own implementations off limits. On 4.2's N_q = N_k = 256 case the grader watches every
+array the loop makes, and an N_q x N_k matrix is a named shortcut; on a causal case a few hundred
+keys long it judges every array against the tiles (no block of scores wider than block_n keys),
+counts how often each score is computed (once, or twice with a separate dQ loop), and requires the
+saved lse to be read (recomputing each row's max and sum is a named shortcut). A wrong answer is
 matched against planted bugs: the row term D left out, summed over the wrong axis or taken per
 tile, P renormalised per tile instead of by lse, the softmax scale forgotten, the causal offset
-top-left, NaN from a fully masked row, dK and dV swapped.
+top-left, NaN from a fully masked row, dK and dV swapped. Shortcuts are tested in
+tests/checks/test_ch04_shortcuts.py.
 """
 
 from __future__ import annotations

@@ -2,15 +2,21 @@
 GPT's heads.
 
 Exercise 5.1 asks for a `torch.autograd.Function` around the learner's OWN PyTorch tiled loops
-(forward and backward, blocks of 16). The grader runs it with flashedu's implementations off limits
-(`flashedu.attention`, `torch_tiled`, ... are named shortcuts), under
-`torch.autograd.graph.saved_tensors_hooks` (it sees every tensor kept for backward), and on its
-last case (N_q = N_k = 128) it watches every tensor the forward and backward make: an N_q x N_k
-matrix is a named shortcut. It compares o and all three gradients with the float64 reference, and
-names a wrong answer by the planted bug it reproduces (no rescale, top-left causal, causal dropped
-in backward, lse without the max or as m + l, dk and dv swapped, NaN rows). Exercise 5.2 asks for
-PyTorch's top-left `is_causal` built from `flashedu.attention` (allowed there, and only there).
-Exercise 5.3 asks for the (B, T, C) -> (B, H, T, hs) head split of the GPT.
+(forward and backward), called as `fn(q, k, v, causal, block_m, block_n)` with the grader's tiles.
+The grader runs it with flashedu's implementations off limits (`flashedu.attention`, `torch_tiled`,
+... are named shortcuts), under `torch.autograd.graph.saved_tensors_hooks` (a saved tensor of
+scores is named, whether (N_q, N_k), transposed, flattened, padded or cut into tiles, and so is
+plain autograd over the loop), and with a torch dispatch mode that records every tensor the
+forward and the backward make, inside a custom `backward` too (`_watch.py`): on N_q = N_k = 128 an
+N_q x N_k matrix is a named shortcut; on a causal case a few hundred keys long, a block of scores
+wider than block_n keys, a score computed twice in the forward (or three times in the backward),
+`scaled_dot_product_attention`, and a copy of the whole K or V kept in a module-level variable are
+named. It compares o and all three gradients with the float64 reference, and names a wrong answer
+by the planted bug it reproduces (no rescale, top-left causal, causal dropped in backward, lse
+without the max or as m + l, dk and dv swapped, NaN rows). Exercise 5.2 asks for PyTorch's top-left
+`is_causal` built from `flashedu.attention` (allowed there, and only there). Exercise 5.3 asks for
+the (B, T, C) -> (B, H, T, hs) head split of the GPT. Shortcuts are tested in
+tests/checks/test_ch05_shortcuts.py.
 
 Limits: inputs are small float64 tensors on the CPU; 5.1 checks first derivatives only.
 """
