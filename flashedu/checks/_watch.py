@@ -16,10 +16,10 @@ block creates:
 A `TileRule` (the grader's N_q, N_k, d, block_m, block_n) judges every recorded shape: an array
 with an axis longer than the tiles allow that is not a query axis is a block of scores held
 across more keys than the grader asked for ("your code held a 16x600 block of scores, 600 keys at
-once: the grader asked for block_n = 12"). The rule also counts passes: q and k are registered as sources, every copy and
-view of them keeps the row ids of its elements (by address), and each product of a q-derived
-with a k-derived operand adds one to every (query row, key row) pair it covers; a pair computed
-more often than the rule allows is a second pass over the keys.
+once: the grader asked for block_n = 12"). The rule also counts passes: q and k are registered
+as sources, every copy and view of them keeps the row ids of its elements (by address), and each
+product of a q-derived with a k-derived operand adds one to every (query row, key row) pair it
+covers; a pair computed more often than the rule allows is a second pass over the keys.
 
 `OnePass` hands out the columns of a 2-D array in blocks, once; it keeps no attribute that holds
 the whole array. Tested in tests/test_checks_method.py and tests/checks/test_ch0*_shortcuts.py.
