@@ -135,8 +135,8 @@ def _memory_call(args, kwargs):
 
 
 _NO_LSE = (
-    "never read the saved lse: the backward rebuilds each tile of P as exp(S - lse), without "
-    "recomputing the row max and sum over the keys"
+    "never read the saved lse: rebuild each tile of P from the lse the forward saved, instead of "
+    "recomputing each row's max and sum in a pass over the keys"
 )
 
 
