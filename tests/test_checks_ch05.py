@@ -79,7 +79,7 @@ class _WrapsPackage(torch.autograd.Function):
             "called flashedu.autograd",
         ),
         (learner.function(save_p=True), "saved a 1x2x5x7 tensor for backward"),
-        (_plain, "saved a 1x2x5x7 tensor for backward"),
+        (_plain, "plain torch autograd recorded your loop and saved a 1x2x5x7 tensor for backward"),
     ],
     ids=["flashedu.attention", "torch_tiled", "flashedu.autograd", "stores P", "plain torch"],
 )

@@ -239,7 +239,10 @@ class ArrayWatch:
 
     @_quietly
     def source(self, x, name: str):
-        """Register x (handed in, shape (..., N, d)) as the rows of q or k; returns x."""
+        """Register x (handed in, shape (..., N, d)) as the rows of q or k; returns x. Only a
+        watch with a TileRule counts pairs (a rerun that measures memory registers nothing)."""
+        if self.rule is None:
+            return x
         n = x.shape[-2]
         lead = math.prod(x.shape[:-2])
         rows = np.arange(lead * n).reshape(*x.shape[:-2], n, 1) if lead else 0
@@ -686,7 +689,7 @@ def numpy_held(thunk, limit_bytes: int):
     """Rerun thunk() under a line tracer; (bytes, shape or None) of the NumPy memory it
     held at once, counted in NumPy's tracemalloc domain only, when that reaches limit_bytes;
     else None. Python objects (an autograd graph, lists) never count."""
-    domain = [tracemalloc.DomainFilter(True, _NP_DOMAIN), tracemalloc.Filter(False, __file__)]
+    domain = [tracemalloc.DomainFilter(True, _NP_DOMAIN)]
     state = {"trigger": None, "found": None}
     tracing = tracemalloc.is_tracing()
     if not tracing:
