@@ -210,6 +210,7 @@ class ArrayWatch:
         self.rows = _Rows()
         self.pairs: np.ndarray | None = None
         self.unused: dict[str, bool] = {}  # name -> still untouched (inputs that must be used)
+        self.wide = ""  # a product of more q rows or k rows than one tile holds
         if rule is not None:
             self.pairs = np.zeros((rule.heads * rule.n_q, rule.heads * rule.n_k), np.uint16)
 
@@ -273,6 +274,25 @@ class ArrayWatch:
         rk = rk[(rk >= 0) & (rk < self.pairs.shape[1])]
         if rq.size and rk.size:
             self.pairs[np.ix_(rq, rk)] += 1
+            self._judge_product(rq, rk)
+
+    def _judge_product(self, rq, rk) -> None:
+        """A product of q rows with k rows is one tile: at most block_m x block_n per head."""
+        rule = self.rule
+        heads = max(1, np.unique(rk // rule.n_k).size)
+        n_q, n_k = rq.size // heads, rk.size // heads
+        if self.wide or (n_k <= rule.block_n and n_q <= rule.block_m):
+            return
+        if n_k > rule.block_n:
+            self.wide = (
+                f"your code multiplied {n_q} query rows by {n_k} keys at once: the grader "
+                f"asked for block_n = {rule.block_n}"
+            )
+        else:
+            self.wide = (
+                f"your code multiplied {n_q} query rows by {n_k} keys at once: the grader "
+                f"asked for block_m = {rule.block_m}"
+            )
 
     def check_passes(self) -> str:
         if self.pairs is None or self.rule is None or not self.pairs.size:
@@ -673,8 +693,8 @@ def watch_arrays(
         _WATCHES.remove(w)
         if not tracing:
             tracemalloc.stop()
-    if w.violation:
-        raise Shortcut(w.violation)
+    if w.violation or w.wide:
+        raise Shortcut(w.violation or w.wide)
     passes = w.check_passes()
     if passes:
         raise Shortcut(passes)

@@ -272,3 +272,13 @@ def test_a_full_mask_is_named_as_a_mask():
     report, _ = run_grader(checks.tiled_attention, _full_mask, seed=SEED)
     last = report.results[-1][2]
     assert "mask over all N_q x N_k pairs" in last, last
+
+
+def _own_tiles(q, k, v, *, causal=False, block_m, block_n):
+    """Ignores the grader's tiles and uses 16 x 16 whatever it asks."""
+    return _fa2(q, k, v, causal=causal, block_m=16, block_n=16)
+
+
+def test_tiles_of_the_learners_own_choosing_are_named():
+    report, text = run_grader(checks.tiled_attention, _own_tiles, seed=SEED)
+    assert not report.passed and "the grader asked for block_n = " in report.diagnosis, text

@@ -197,3 +197,13 @@ def test_a_materialised_p_is_named_as_the_matrix_of_all_scores_in_the_method_cas
     report, _ = run_grader(checks.tiled_attention_backward, _materialised_p, seed=SEED)
     last = report.results[-1][2]
     assert "matrix of all scores" in last and "block_n =" in last, last
+
+
+def _own_tiles(do, q, k, v, o, lse, *, causal=False, block_m, block_n):
+    """Ignores the grader's tiles and uses 16 x 16 whatever it asks."""
+    return _fa2(do, q, k, v, o, lse, causal=causal, block_m=16, block_n=16)
+
+
+def test_tiles_of_the_learners_own_choosing_are_named():
+    report, text = run_grader(checks.tiled_attention_backward, _own_tiles, seed=SEED)
+    assert not report.passed and "the grader asked for block_n = " in report.diagnosis, text

@@ -211,3 +211,12 @@ def test_the_method_case_names_row_chunks_by_their_width():
 def test_pure_torch_code_is_never_blamed_for_numpy_memory():
     report, text = run_grader(checks.check_autograd_function, _function(_python_objects), seed=1)
     assert report.passed and "NumPy" not in text, text
+
+
+def test_tiles_of_the_learners_own_choosing_are_named():
+    """BLOCK = 16 hard-coded, whatever block_m and block_n the grader passes."""
+    fn = _function(lambda q, k, v, causal, bm, bn: learner.forward(q, k, v, causal, 16, 16),
+                   lambda do, q, k, v, o, lse, causal, bm, bn: learner.backward(
+                       do, q, k, v, o, lse, causal, 16, 16))  # fmt: skip
+    report, text = run_grader(checks.check_autograd_function, fn, seed=SEED)
+    assert not report.passed and "the grader asked for block_n = " in report.diagnosis, text
