@@ -421,6 +421,10 @@ class WatchedArray(np.ndarray):
             _register_index(self, idx, out)
         return out
 
+    def dot(self, b, out=None):
+        """a.dot(b) as np.dot(a, b), so the product is recorded and counted like a @ b."""
+        return np.dot(self, b, out=out)
+
     def copy(self, *args, **kwargs):
         out = super().copy(*args, **kwargs)
         _record_all(out)
@@ -922,9 +926,10 @@ def _functions_of(fn, depth=0) -> list:
 
 
 def kept_copy(fn, named: dict, n_q: int, n_k: int) -> str:
-    """'' unless a module-level variable or a closure cell of fn's code holds, after the call,
-    one of the arrays in `named` (name -> array, e.g. {'K': k, 'V': v}), or anything with an
-    N_q x N_k extent: what it is, by name."""
+    """'' unless a module-level variable or a closure cell of fn's code holds, after the call, a
+    copy of one of the arrays in `named` (name -> array, e.g. {'K': k, 'V': v}; equal data, the
+    same or transposed shape): what it is, by name. (A kept matrix of scores was made during the
+    call, so the TileRule has named it already.) n_q and n_k are kept for the callers."""
     import types
 
     seen: set[int] = set()
@@ -960,9 +965,6 @@ def _same_as(x, named, n_q, n_k) -> str:
         a = x.detach().cpu().numpy() if _is_tensor(x) else np.asarray(x)
     except Exception:
         return ""
-    dims = [n for n in a.shape if n > 1]
-    if n_q in dims and n_k in dims and n_q != n_k or dims.count(n_k) >= 2:
-        return f"a {shape_text(dims)} array of scores"
     for name, ref in named.items():
         r = np.asarray(ref)
         for cand in (r, np.swapaxes(r, -1, -2)):

@@ -282,3 +282,25 @@ def _own_tiles(q, k, v, *, causal=False, block_m, block_n):
 def test_tiles_of_the_learners_own_choosing_are_named():
     report, text = run_grader(checks.tiled_attention, _own_tiles, seed=SEED)
     assert not report.passed and "the grader asked for block_n = " in report.diagnosis, text
+
+
+def _two_pass_dot(q, k, v, *, causal=False, block_m, block_n):
+    """The two-pass tiles again, written with the .dot method instead of @."""
+    N_q, N_k, d = q.shape[0], k.shape[0], q.shape[1]
+    o, lse = np.zeros((N_q, d)), np.zeros(N_q)
+    for r0 in range(0, N_q, block_m):
+        qi = q[r0 : r0 + block_m]
+        m = np.full(qi.shape[0], -np.inf)
+        for c0 in range(0, N_k, block_n):
+            m = np.maximum(m, qi.dot(k[c0 : c0 + block_n].T).max(axis=1) / np.sqrt(d))
+        l, acc = np.zeros(qi.shape[0]), np.zeros((qi.shape[0], d))
+        for c0 in range(0, N_k, block_n):
+            p = np.exp(qi.dot(k[c0 : c0 + block_n].T) / np.sqrt(d) - m[:, None])
+            l, acc = l + p.sum(axis=1), acc + p.dot(v[c0 : c0 + block_n])
+        o[r0 : r0 + block_m], lse[r0 : r0 + block_m] = acc / l[:, None], m + np.log(l)
+    return o, lse
+
+
+def test_a_second_pass_written_with_dot_is_named():
+    report, text = run_grader(checks.tiled_attention, _two_pass_dot, seed=SEED)
+    assert report.results[-1][2].startswith("shortcut: two passes over the keys"), text
