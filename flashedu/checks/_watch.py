@@ -769,33 +769,6 @@ def _largest_local(frame, held) -> tuple | None:
     return tuple(best.shape) if best is not None and best.nbytes * 4 >= held else None
 
 
-def find_large_local(fn, args, kwargs, limit_elems: int) -> tuple | None:
-    """Rerun fn with a line tracer; the shape of the first local array of >= limit_elems."""
-    found: list[tuple] = []
-
-    def local(frame, event, arg):
-        if not found and event in ("line", "return"):
-            for v in list(frame.f_locals.values()):
-                if isinstance(v, np.ndarray) and v.size >= limit_elems:
-                    found.append(v.shape)
-                    break
-        return local
-
-    def call(frame, event, arg):
-        name = frame.f_code.co_filename
-        return None if ("site-packages" in name or "/flashedu/" in name) else local
-
-    previous = sys.gettrace()
-    sys.settrace(call)
-    try:
-        fn(*args, **kwargs)
-    except Exception:
-        pass
-    finally:
-        sys.settrace(previous)
-    return found[0] if found else None
-
-
 def watched_call(thunk, *, limit_elems=None, what="an N_q x N_k array", rule=None, prepare=None):
     """thunk(w) under `watch_arrays`, then NumPy's own memory checked: (result, ArrayWatch).
 
