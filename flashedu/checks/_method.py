@@ -7,13 +7,12 @@ Where the method is the lesson, right numbers are not enough. Three guards:
   show) raises `Shortcut("called flashedu.tiled.forward")`. A grader computes its expected answers
   before entering it. It swaps the code of those functions for a stub and puts it back on exit, so
   `from flashedu.tiled import forward` is caught too. Only modules already imported are covered.
-- `watch_arrays(limit_elems, rule=...)`, `watched_call` and `largest_array(fn, ...)`: every
-  NumPy array and torch tensor made during a call (a torch dispatch mode; NumPy arrays handed in as
-  `WatchedArray`s, with NumPy's array constructors and `np.memmap` recording too), judged by a
-  `TileRule` (no block of scores wider than the grader's block_n, each score computed once per
-  pass allowed); NumPy memory made past them is counted in NumPy's own tracemalloc domain.
-  Over the limit: `Shortcut("built a 300x300 array")`, `Shortcut("your code held a 16x600 block
-  of scores ...")`, `Shortcut("two passes over the keys ...")`.
+- `watch_arrays(limit_elems)` and `largest_array(fn, ...)`: the largest NumPy array or torch tensor
+  made during a call. NumPy arrays the grader hands in are watched (`ArrayWatch.wrap`): every
+  result computed from them is recorded with its shape; torch operations are seen through a
+  `TorchFunctionMode`; tracemalloc catches NumPy memory made some other way (`np.zeros((N, N))`),
+  and `largest_array` then reruns the call to find the array's shape among the frames' locals.
+  Over the limit: `Shortcut("built a 300x300 array")`.
 - `OnePass`: the columns of a 2-D array, handed out in blocks through an iterator that can be
   walked once. A block expires when the next one is handed out (its values become NaN), and
   using an expired block, or walking the blocks again, raises `Shortcut("read the row twice")`.
