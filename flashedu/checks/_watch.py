@@ -22,7 +22,8 @@ product of a q-derived with a k-derived operand adds one to every (query row, ke
 covers; a pair computed more often than the rule allows is a second pass over the keys.
 
 `OnePass` hands out the columns of a 2-D array in blocks, once; it keeps no attribute that holds
-the whole array. Tested in tests/test_checks_method.py and tests/checks/test_ch0*_shortcuts.py.
+the whole array. Tested in tests/checks/test_method.py, tests/checks/test_watch_records.py and
+tests/checks/test_ch0*_shortcuts.py.
 """
 
 from __future__ import annotations
