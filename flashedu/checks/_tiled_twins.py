@@ -14,9 +14,20 @@ import numpy as np
 
 from ..testing import random_qkv
 
-__all__ = ["TILED_RULE", "one_head", "twin_forward", "twin_backward"]
+__all__ = ["TILED_RULE", "one_head", "twin_forward", "twin_backward", "with_rule"]
 
 TILED_RULE = "a tiled loop holds one block of scores at a time, never all N_q x N_k of them"
+
+
+def with_rule(e: Exception) -> Exception:
+    """A memory shortcut ("built a 256x256 array", "held 300 KiB ...") with TILED_RULE added;
+    any other shortcut (a call into flashedu, a fused attention, a second pass) as it is."""
+    from ._shared import Shortcut
+
+    text = str(e)
+    if text.startswith("built a") or (text.startswith("held") and "KiB" in text):
+        return Shortcut(f"{text}: {TILED_RULE}")
+    return e if isinstance(e, Shortcut) else Shortcut(text)
 
 
 def one_head(rng, N_q, N_k, d, scale=1.0):

@@ -4,10 +4,12 @@ Exercise 2.1 hands the learner the columns of x in blocks, through an iterator t
 once (`_method.OnePass`: a block is gone when the next one arrives), and asks for each row's
 running max m and running sum l = sum_j exp(x_j - m). A second pass is impossible, and trying one
 is a named shortcut; so is keeping the blocks (the last case is long enough that a kept row shows
-in memory). Exercise 2.2 asks for the merge of two partial states (m, l, o), o unnormalised.
-Both run with flashedu's own softmax functions off limits. A wrong answer is matched against the
-classic mistakes: l not rescaled when the max moves, m started at 0, exp of an unshifted logit,
-NaN from a fully masked row or state.
+in memory: a NumPy, torch or memory-mapped copy of the row, or more than half of it held in
+NumPy's own allocations) and reading the stream's private copy of the row. Exercise 2.2 asks for
+the merge of two partial states (m, l, o), o unnormalised. Both run with flashedu's own softmax
+functions off limits. A wrong answer is matched against the classic mistakes: l not rescaled when
+the max moves, m started at 0, exp of an unshifted logit, NaN from a fully masked row or state.
+Shortcuts are tested in tests/checks/test_ch02_shortcuts.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import numpy as np
 from .. import softmax
 from ..testing import Tolerance
 from ._core import Case, candidates, grade, grader, rng_for
-from ._method import OnePass, Shortcut, watch_arrays
-from ._watch import find_large_local, shape_text
+from ._method import OnePass, Shortcut
+from ._watch import watched_call
 
 __all__ = ["online_softmax", "merge_states"]
 
@@ -85,17 +87,22 @@ def _one_pass(x, block, limit):
     """Run fn on a OnePass stream of x, watching its arrays when `limit` is set."""
 
     def call(fn):
-        stream = OnePass(x, block)
+        streams = [OnePass(x, block), OnePass(x, block)]  # made outside the watch; one spare
+        used = []
+
+        def run(w):
+            used.append(streams.pop(0))
+            return fn(used[-1])
+
         try:
-            with watch_arrays(limit, what=f"the whole {x.shape[0]}x{x.shape[1]} row") as w:
-                got = fn(stream)
+            got, _ = watched_call(
+                run, limit_elems=limit, what=f"the whole {x.shape[0]}x{x.shape[1]} row"
+            )
         except Shortcut as e:
             if str(e).startswith("called"):
                 raise
-            if limit and w.largest_elems < limit and not stream.violations:  # name its shape
-                shape = find_large_local(fn, (OnePass(x, block),), {}, limit)
-                e = f"built a {shape_text(shape)} array" if shape else e
             raise Shortcut(f"{e}: {_ONE_PASS}") from None
+        stream = used[0]
         stream.close()
         if stream.violations:  # a Shortcut the learner's code swallowed
             raise Shortcut(f"read the row twice ({stream.violations[0]}): {_ONE_PASS}")

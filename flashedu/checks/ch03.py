@@ -1,12 +1,18 @@
 """Graders for notebooks/03_tiled_forward.ipynb: the tiled forward loop and its HBM byte count.
 
 Exercise 3.1 asks for the FA2-order tiled forward of one head (outer loop over query blocks, online
-softmax over K/V blocks), returning o and lse. It runs with flashedu's own implementations off
-limits, and on its last case (N_q = N_k = 256, 16 x 16 tiles) the grader watches every array the
-loop makes: an N_q x N_k score matrix, or the memory of one, is a named shortcut. A wrong answer is
-matched against planted bugs: the alpha rescale missing (from l, from o, or both), the short last
-block dropped (floor instead of ceil), the causal offset top-left, NaN on rows that see no key, lse
-without the max or with m + l. Exercise 3.2 asks for the HBM bytes of that loop.
+softmax over K/V blocks), returning o and lse, in the tiles the grader passes (block_m, block_n).
+It runs with flashedu's own implementations off limits, and the grader watches every array the
+loop makes on two cases (`_watch.py`): on N_q = N_k = 256 with 16 x 16 tiles an N_q x N_k score
+matrix, or the memory of one, is a named shortcut; on a case a few hundred keys long in tiles of
+about ten (both lengths ragged), any block of scores wider than block_n keys is one (a block of
+query rows against all the keys at once), and so is computing the score of a (query, key) pair
+twice (a first pass for the max, a second for the sums), a fused attention
+(`scaled_dot_product_attention`), and a copy of the whole K or V kept in a module-level or closure
+variable. A wrong answer is matched against planted bugs: the alpha rescale missing (from l, from
+o, or both), the short last block dropped (floor instead of ceil), the causal offset top-left, NaN
+on rows that see no key, lse without the max or with m + l. Exercise 3.2 asks for the HBM bytes of
+that loop. Shortcuts are tested in tests/checks/test_ch03_shortcuts.py.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from .. import reference, traffic
 from ..testing import Tolerance
 from ._core import Case, exact_bytes, grade, grader, rng_for
 from ._method import Shortcut, largest_array
-from ._tiled_twins import TILED_RULE, one_head, twin_forward
+from ._tiled_twins import one_head, twin_forward, with_rule
+from ._watch import TileRule, kept_copy, watched_call
 
 __all__ = ["tiled_attention", "fa2_hbm_bytes"]
 
@@ -40,7 +47,28 @@ def _memory_call(q, k, v, kwargs):
         try:
             return largest_array(fn, q, k, v, limit_elems=q.shape[0] * k.shape[0] // 2, **kwargs)[0]
         except Shortcut as e:
-            raise Shortcut(f"{e}: {TILED_RULE}") from None
+            raise with_rule(e) from None
+
+    return call
+
+
+def _method_call(q, k, v, kwargs):
+    """Run fn on q, k, v with every array it makes judged against the grader's tiles, and
+    every score it computes counted (one pass over the keys)."""
+    rule = TileRule(q.shape[0], k.shape[0], q.shape[1], kwargs["block_m"], kwargs["block_n"])
+
+    def call(fn):
+        def run(w):
+            qw, kw_, vw = w.wrap((q, k, v))
+            w.source(qw, "q")
+            w.source(kw_, "k")
+            return fn(qw, kw_, vw, **kwargs)
+
+        got = watched_call(run, rule=rule)[0]
+        kept = kept_copy(fn, {"K": k, "V": v}, q.shape[0], k.shape[0])
+        if kept:
+            raise Shortcut(f"{kept}: a tiled loop reads K and V one block at a time")
+        return got
 
     return call
 
@@ -64,6 +92,8 @@ def tiled_attention(fn, *, seed=None, out=print):
     bm, bn = r(3, 5), r(4, 7)
     n_q, n_k = r(3, 6) * bm + r(1, bm - 1), r(3, 6) * bn + r(1, bn - 1)  # never block multiples
     e = r(3, 8)
+    lbm, lbn = r(9, 16), r(9, 14)  # the method case: many key blocks, both lengths ragged
+    lq, lk = 3 * lbm + r(1, lbm - 1), r(40, 48) * lbn + r(1, lbn - 1)
     specs = [  # (label, (N_q, N_k, d, input scale), causal, (block_m, block_n), hint)
         ("one tile holds everything", (r(2, 6), r(2, 6), 8, 1.0), False, (16, 16), ""),
         (f"N_q={n_q}, N_k={n_k}, blocks {bm}x{bn}", (n_q, n_k, 8, 1.0), False, (bm, bn), ""),
@@ -72,9 +102,16 @@ def tiled_attention(fn, *, seed=None, out=print):
         (f"causal, N_q={n_k + e} > N_k={n_k}", (n_k + e, n_k, 8, 1.0), True, (bm, bn), ""),
         ("logits near 1e4", (n_q, n_k, 8, 60.0), False, (bm, bn), ""),
         ("N_q=N_k=256, 16x16 tiles: memory", (256, 256, 8, 1.0), False, (16, 16), ""),
+        (
+            f"N_q={lq}, N_k={lk}, blocks {lbm}x{lbn}: tiles and one pass",
+            (lq, lk, 7, 1.0),
+            False,
+            (lbm, lbn),
+            "method",
+        ),
     ]
     cases = []
-    for label, (N_q, N_k, d, scale), causal, (block_m, block_n), _ in specs:
+    for label, (N_q, N_k, d, scale), causal, (block_m, block_n), kind in specs:
         q, k, v = one_head(rng, N_q, N_k, d, scale)
         o, lse = reference.forward(q[None, None], k[None, None], v[None, None], causal=causal)
         kw = {"causal": causal, "block_m": block_m, "block_n": block_n}
@@ -91,7 +128,13 @@ def tiled_attention(fn, *, seed=None, out=print):
                     why: (lambda b=bug, q=q, k=k, v=v, kw=kw: twin_forward(q, k, v, **kw, **b))
                     for why, bug in _MISTAKES.items()
                 },
-                call=_memory_call(q, k, v, kw) if N_q * N_k >= 256 * 256 else None,
+                call=(
+                    _method_call(q, k, v, kw)
+                    if kind == "method"
+                    else _memory_call(q, k, v, kw)
+                    if N_q * N_k >= 256 * 256
+                    else None
+                ),
             )
         )
     return grade("tiled_attention", fn, cases, out=out, forbid=True)

@@ -1,12 +1,16 @@
 """Graders for notebooks/04_recompute_backward.ipynb: the softmax backward and the tiled backward.
 
 Exercise 4.1 asks for the backward of a row-wise softmax; exercise 4.2 for the FA2 backward of one
-head, rebuilding each tile of P from q, k and the saved lse. Both run with flashedu's own
-implementations off limits; on 4.2's last case (N_q = N_k = 256, 16 x 16 tiles) the grader
-watches every array the loop makes, and an N_q x N_k matrix is a named shortcut. A wrong answer is
+head in the grader's tiles, rebuilding each tile of P from q, k and the saved lse. Both run with
+flashedu's own implementations off limits. On 4.2's N_q = N_k = 256 case the grader watches every
+array the loop makes, and an N_q x N_k matrix is a named shortcut; on a causal case a few hundred
+keys long it judges every array against the tiles (no block of scores wider than block_n keys),
+counts how often each score is computed (once, or twice with a separate dQ loop), and requires the
+saved lse to be read (recomputing each row's max and sum is a named shortcut). A wrong answer is
 matched against planted bugs: the row term D left out, summed over the wrong axis or taken per
 tile, P renormalised per tile instead of by lse, the softmax scale forgotten, the causal offset
-top-left, NaN from a fully masked row, dK and dV swapped.
+top-left, NaN from a fully masked row, dK and dV swapped. Shortcuts are tested in
+tests/checks/test_ch04_shortcuts.py.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from .. import reference
 from ..testing import Tolerance
 from ._core import Case, grade, grader, rng_for
 from ._method import Shortcut, largest_array
-from ._tiled_twins import TILED_RULE, one_head, twin_backward
+from ._tiled_twins import one_head, twin_backward, with_rule
+from ._watch import TileRule, kept_copy, watched_call
 
 __all__ = ["softmax_backward", "tiled_attention_backward"]
 
@@ -124,7 +129,40 @@ def _memory_call(args, kwargs):
         try:
             return largest_array(fn, *args, limit_elems=limit, **kwargs)[0]
         except Shortcut as e:
-            raise Shortcut(f"{e}: {TILED_RULE}") from None
+            raise with_rule(e) from None
+
+    return call
+
+
+_NO_LSE = (
+    "never read the saved lse: rebuild each tile of P from the lse the forward saved, instead of "
+    "recomputing each row's max and sum in a pass over the keys"
+)
+
+
+def _method_call(args, kwargs):
+    """Run fn with every array it makes judged against the grader's tiles, every score it
+    computes counted (one pass over the keys, one more for dQ at most), and lse required."""
+    do, q, k, v, o, lse = args
+    rule = TileRule(q.shape[0], k.shape[0], q.shape[1], kwargs["block_m"], kwargs["block_n"],
+                    passes=2, phase="the backward")  # fmt: skip
+
+    def call(fn):
+        def run(w):
+            wrapped = w.wrap(args)
+            w.source(wrapped[1], "q")
+            w.source(wrapped[2], "k")
+            w.must_use(wrapped[5], "lse")
+            return fn(*wrapped, **kwargs)
+
+        try:
+            got = watched_call(run, rule=rule)[0]
+        except Shortcut as e:
+            raise Shortcut(_NO_LSE) if str(e).startswith("never read the lse") else e from None
+        kept = kept_copy(fn, {"K": k, "V": v}, q.shape[0], k.shape[0])
+        if kept:
+            raise Shortcut(f"{kept}: a tiled loop reads K and V one block at a time")
+        return got
 
     return call
 
@@ -138,6 +176,8 @@ def tiled_attention_backward(fn, *, seed=None, out=print):
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     bm, bn = r(3, 5), r(4, 7)
     n_q, n_k, e = r(3, 5) * bm + r(1, bm - 1), r(3, 5) * bn + r(1, bn - 1), r(3, 8)
+    lbm, lbn = r(9, 16), r(9, 14)  # the method case: many key blocks, both lengths ragged
+    lq, lk = 3 * lbm + r(1, lbm - 1), r(40, 48) * lbn + r(1, lbn - 1)
     specs = [  # (label, (N_q, N_k, d), causal, blocks)
         ("one tile holds everything", (r(2, 4), r(2, 6), 4), False, (16, 16)),
         (f"N_q={n_q}, N_k={n_k}, blocks {bm}x{bn}", (n_q, n_k, 8), False, (bm, bn)),
@@ -145,6 +185,12 @@ def tiled_attention_backward(fn, *, seed=None, out=print):
         (f"causal, N_q={n_q} < N_k={n_q + e}", (n_q, n_q + e, 8), True, (bm, bn)),
         (f"causal, N_q={n_k + e} > N_k={n_k}", (n_k + e, n_k, 8), True, (bm, bn)),
         ("N_q=N_k=256, 16x16 tiles: memory", (256, 256, 8), False, (16, 16)),
+        (
+            f"N_q={lq}, N_k={lk}, blocks {lbm}x{lbn}: tiles, passes, lse",
+            (lq, lk, 7),
+            True,
+            (lbm, lbn),
+        ),
     ]
     cases = []
     for label, (N_q, N_k, d), causal, (block_m, block_n) in specs:
@@ -168,7 +214,13 @@ def tiled_attention_backward(fn, *, seed=None, out=print):
                     why: (lambda b=bug, a=args, kw=kw: twin_backward(*a, **kw, **b))
                     for why, bug in _BACKWARD_MISTAKES.items()
                 },
-                call=_memory_call(args, kw) if N_q * N_k >= 256 * 256 else None,
+                call=(
+                    _method_call(args, kw)
+                    if d == 7
+                    else _memory_call(args, kw)
+                    if N_q * N_k >= 256 * 256
+                    else None
+                ),
             )
         )
     return grade("tiled_attention_backward", fn, cases, out=out, forbid=True)

@@ -52,13 +52,13 @@ def test_autograd_function_names_each_planted_bug_once(bug, words):
     assert text.count("what is wrong") == 1
 
 
-def _plain(q, k, v, causal):
+def _plain(q, k, v, causal, block_m, block_n):
     return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
 
 
 class _WrapsPackage(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal):
+    def forward(ctx, q, k, v, causal, block_m, block_n):
         o, lse = torch_tiled.forward(q, k, v, causal=causal)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
@@ -66,20 +66,20 @@ class _WrapsPackage(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        return (*torch_tiled.backward(do, *ctx.saved_tensors, causal=ctx.causal), None)
+        return (*torch_tiled.backward(do, *ctx.saved_tensors, causal=ctx.causal), None, None, None)
 
 
 @pytest.mark.parametrize(
     "fn,words",
     [
-        (lambda q, k, v, c: api.attention(q, k, v, causal=c), "called flashedu.api.attention"),
+        (lambda q, k, v, c, *b: api.attention(q, k, v, causal=c), "called flashedu.api.attention"),
         (_WrapsPackage.apply, "called flashedu.torch_tiled.forward"),
         (
-            lambda q, k, v, c: autograd.flash_attention(q, k, v, causal=c),
+            lambda q, k, v, c, *b: autograd.flash_attention(q, k, v, causal=c),
             "called flashedu.autograd",
         ),
         (learner.function(save_p=True), "saved a 1x2x5x7 tensor for backward"),
-        (_plain, "saved a 1x2x5x7 tensor for backward"),
+        (_plain, "plain torch autograd recorded your loop and saved a 1x2x5x7 tensor for backward"),
     ],
     ids=["flashedu.attention", "torch_tiled", "flashedu.autograd", "stores P", "plain torch"],
 )
@@ -97,15 +97,16 @@ class _OneTile(torch.autograd.Function):
     """The learner's loops with one tile as big as the whole matrix: right numbers, O(N^2)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal):
-        o, lse = learner.forward(q, k, v, causal, block=1024)
+    def forward(ctx, q, k, v, causal, block_m, block_n):
+        o, lse = learner.forward(q, k, v, causal, 1024, 1024)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
         return o
 
     @staticmethod
     def backward(ctx, do):
-        return (*learner.backward(do, *ctx.saved_tensors, ctx.causal, block=1024), None)
+        grads = learner.backward(do, *ctx.saved_tensors, ctx.causal, 1024, 1024)
+        return (*grads, None, None, None)
 
 
 _one_tile = _OneTile.apply
