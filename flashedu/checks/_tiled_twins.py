@@ -3,8 +3,8 @@ classic mistakes: the alpha rescale missing, the short last block skipped, the c
 top-left, NaN on rows that see no key, a wrong lse, P renormalised per tile, D left out, ...
 
 The graders of ch03.py (the forward), ch04.py (the backward) and ch05.py (both, inside an autograd
-Function) name a wrong answer by the twin it equals. `TILED_RULE` is the sentence they add to an
-"N_q x N_k array" shortcut. Tested through the graders' planted bugs (tests/checks/test_ch03.py,
+Function) name a wrong answer by the twin it equals (the sentence they add to an "N_q x N_k array"
+shortcut, `with_rule`, is grading machinery and lives in _shared.py). Tested through the graders' planted bugs (tests/checks/test_ch03.py,
 ch04, ch05).
 """
 
@@ -14,20 +14,7 @@ import numpy as np
 
 from ..testing import random_qkv
 
-__all__ = ["TILED_RULE", "one_head", "twin_forward", "twin_backward", "with_rule"]
-
-TILED_RULE = "a tiled loop holds one block of scores at a time, never all N_q x N_k of them"
-
-
-def with_rule(e: Exception) -> Exception:
-    """A memory shortcut ("built a 256x256 array", "held 300 KiB ...") with TILED_RULE added;
-    any other shortcut (a call into flashedu, a fused attention, a second pass) as it is."""
-    from ._shared import Shortcut
-
-    text = str(e)
-    if text.startswith("built a") or (text.startswith("held") and "KiB" in text):
-        return Shortcut(f"{text}: {TILED_RULE}")
-    return e if isinstance(e, Shortcut) else Shortcut(text)
+__all__ = ["one_head", "twin_forward", "twin_backward"]
 
 
 def one_head(rng, N_q, N_k, d, scale=1.0):

@@ -21,7 +21,8 @@ from .. import reference, traffic
 from ..testing import Tolerance
 from ._core import Case, exact_bytes, grade, grader, rng_for
 from ._method import Shortcut, largest_array
-from ._tiled_twins import one_head, twin_forward, with_rule
+from ._shared import with_rule
+from ._tiled_twins import one_head, twin_forward
 from ._watch import TileRule, kept_copy, watched_call
 
 __all__ = ["tiled_attention", "fa2_hbm_bytes"]

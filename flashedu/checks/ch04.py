@@ -21,7 +21,8 @@ from .. import reference
 from ..testing import Tolerance
 from ._core import Case, grade, grader, rng_for
 from ._method import Shortcut, largest_array
-from ._tiled_twins import one_head, twin_backward, with_rule
+from ._shared import with_rule
+from ._tiled_twins import one_head, twin_backward
 from ._watch import TileRule, kept_copy, watched_call
 
 __all__ = ["softmax_backward", "tiled_attention_backward"]

@@ -32,7 +32,8 @@ from .. import api, reference, torch_tiled
 from ..testing import Tolerance, random_qkv
 from ._core import Case, Report, candidates, compare, grade, grader, rng_for
 from ._method import Shortcut
-from ._tiled_twins import twin_backward, twin_forward, with_rule
+from ._shared import with_rule
+from ._tiled_twins import twin_backward, twin_forward
 from ._watch import TileRule, kept_copy, shape_text, watched_call
 
 __all__ = ["check_autograd_function", "check_top_left_causal", "check_split_heads"]
