@@ -304,3 +304,22 @@ def test_the_library_never_imports_the_test_helpers():
         if dep == "flashedu.testing"
     )
     assert not leaning, f"imports flashedu.testing: {leaning}"
+
+
+def test_import_flashedu_does_not_import_triton():
+    """The registry lists the Triton implementations by loader functions: `import flashedu` (and
+    the NumPy chapters) must work without triton, and load it only when a kernel is asked for."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, flashedu\n"
+        "from flashedu import naive, tiled, traffic, registry\n"
+        "assert 'triton' not in sys.modules, 'triton imported'\n"
+        "flashedu.IMPLEMENTATIONS['triton'].module\n"
+        "assert 'triton' in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr

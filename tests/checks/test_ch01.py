@@ -81,5 +81,5 @@ def test_naive_hbm_bytes_rejects_the_traffic_model():
         return traffic.naive_forward(B, H, N, N, d, itemsize=e).total_bytes
 
     report, _ = run_grader(checks.naive_hbm_bytes, package, seed=0)
-    assert report.diagnosis.startswith("called flashedu.traffic.naive_forward")
+    assert report.diagnosis.startswith("called flashedu.traffic.closed_forms.naive_forward")
     assert traffic.naive_forward(1, 1, 8, 8, 4).writes["lse"] == 8 * 4
