@@ -25,6 +25,8 @@ from .. import flex, masks, reference, softmax
 from ..testing import max_error
 from ._core import Case, grade, grader, rng_for
 from ._method import forbid_flashedu
+from ._shared import Shortcut
+from ._watch import shape_text, watch_arrays
 
 __all__ = [
     "alibi_mod",
@@ -59,6 +61,10 @@ def _checker(part: str):
 
     def check(got, expected):
         (arr, o), (want, o_ref) = got, expected
+        if isinstance(arr, _Raised):
+            return False, f"on the grid of indices the mod {arr.text}", arr.why
+        if isinstance(o, _Raised):
+            return False, f"FlexAttention {o.text}", o.why or _NOT_IN_FLEX
         arr, want = np.asarray(arr, dtype=float), np.asarray(want, dtype=float)
         if arr.shape != want.shape:
             return False, f"{part} has shape {arr.shape}, expected {want.shape}"
@@ -77,6 +83,31 @@ _NOT_IN_FLEX = (
     "right on the grid but not inside FlexAttention: write the mod with tensor operations only "
     "(no Python `if` on a value, no .item())"
 )
+
+
+class _Raised:
+    """What a call of the learner's mod raised, kept for the check to name."""
+
+    def __init__(self, e: BaseException):
+        msg = (str(e).strip().splitlines() or [""])[0][:120]
+        self.text = f"raised {type(e).__name__}" + (f": {msg}" if msg else "")
+        self.why = _why_raised(e)
+
+
+def _why_raised(e: BaseException) -> str:
+    """The cause of an error a mod raises, when it is a known one."""
+    msg = str(e)
+    if any(w in msg for w in ("ambiguous", ".item()", "data-dependent", "Data-dependent")):
+        return (
+            "a Python `if`, float() or .item() on a tensor: the mod is called with tensors of "
+            "indices, so write it with tensor operations (&, |, torch.where)"
+        )
+    if isinstance(e, IndexError) and "out of bounds" in msg:
+        return (
+            "an index out of bounds: index what is per head by h (b is the batch) and compute "
+            "what depends on positions from q_idx and kv_idx, not from a table of fixed size"
+        )
+    return ""
 
 
 def _guarded(mod, kind: str):
@@ -109,11 +140,22 @@ def _runner(make, kind: str):
         if not callable(mod):
             raise TypeError(f"expected a {kind} function, got {type(mod).__name__}")
         guarded = _guarded(mod, kind)  # the grid sees every call the mod makes
-        if kind == "mask_mod":
-            arr = flex.mask_array(guarded, *q.shape[:3], k.shape[2])
-            return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
-        arr = flex.score_array(guarded, flex.dense_scores(q, k))
-        return arr, flex.flex_forward(q, k, v, score_mod=mod, mask_mod=mask_mod, block_size=16)[0]
+        try:
+            if kind == "mask_mod":
+                arr = flex.mask_array(guarded, *q.shape[:3], k.shape[2])
+            else:
+                arr = flex.score_array(guarded, flex.dense_scores(q, k))
+        except NotImplementedError:
+            raise
+        except Exception as e:  # named below when the cause is a known one
+            return _Raised(e), None
+        try:
+            if kind == "mask_mod":
+                return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
+            mods = dict(score_mod=mod, mask_mod=mask_mod, block_size=16)
+            return arr, flex.flex_forward(q, k, v, **mods)[0]
+        except Exception as e:  # right on the grid, refused by FlexAttention: say why
+            return arr, _Raised(e)
 
     return run
 
@@ -215,6 +257,11 @@ def alibi_mod(fn, *, seed=None, out=print):
             - slopes[0] * np.abs(i - j),
             "the distance is not multiplied by the head's slope": s - np.abs(i - j),
         }
+        if H >= s.shape[0]:  # slopes[b] exists: it gives a wrong answer instead of an error
+            by_batch = slopes[: s.shape[0], None, None, None] * np.abs(i - j)
+            mistakes[
+                "the slopes were indexed by the batch b: index them by the head, slopes[h]"
+            ] = s - by_batch
         o_ref = reference.forward(q, k, v, causal=causal, alibi_slopes=slopes)[0]
         label = f"H={H}, N={N}" + (", causal" if causal else "")
         cases.append(
@@ -323,6 +370,8 @@ def sliding_window_mask(fn, *, seed=None, out=print):
             "keys after the query are visible: the window is causal too": np.abs(i - j) <= w,
             "that is causal attention: also hide keys more than `window` back": j <= i,
             "one key too many: q_idx - kv_idx <= window": (i >= j) & (i - j <= w + 1),
+            "the diagonal was hidden: a query sees its own key, kv_idx <= q_idx": (i > j)
+            & (i - j <= w),
         }
         want = (i >= j) & (i - j <= w)
         cases.append(_mask_case(f"N={N}, window={w}", rng, (w,), want, mistakes, hint))
@@ -353,6 +402,7 @@ def prefix_lm_mask(fn, *, seed=None, out=print):
             | (i < p),
             "`and` instead of `or`: visible if in the prefix OR not after the query": (j <= i)
             & (j < p),
+            "the diagonal was hidden: a query sees its own key, kv_idx <= q_idx": (j < i) | (j < p),
         }
         want = (j <= i) | (j < p)
         cases.append(_mask_case(f"N={N}, prefix_len={p}", rng, (p,), want, mistakes, hint))
@@ -387,7 +437,13 @@ def document_mask(fn, *, seed=None, out=print):
             "not causal: within a document a token sees only earlier tokens": same,
             "document ids off by one: token cu_seqlens[s] starts document s": (j <= i)
             & (early[:, None] == early[None, :]),
+            "the diagonal was hidden: a token sees itself, kv_idx <= q_idx": same & (j < i),
         }
+        if len(lengths) > 1 and lengths[0] > 0:
+            equal = np.arange(N) // lengths[0]  # every document as long as the first
+            mistakes[
+                "the documents were taken to be equally long: read each boundary from cu_seqlens"
+            ] = (j <= i) & (equal[:, None] == equal[None, :])
         params = (torch.tensor(cu, dtype=torch.int32),)
         cases.append(_mask_case(f"lengths {lengths}", rng, params, same & (j <= i), mistakes, hint))
     return _grade("document_mask", fn, "mask_mod", cases, out)
