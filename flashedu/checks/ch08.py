@@ -21,7 +21,8 @@ import statistics
 
 from .. import bench, traffic
 from ._core import Case, Report, grade, grader, number_or_none, rng_for
-from ._devices import FakeDevice  # also checks.ch08.FakeDevice, to rerun a case
+from ._devices import DeviceView, FakeDevice, kernel_of  # also checks.ch08.FakeDevice
+from ._shared import Shortcut
 
 __all__ = ["check_timing_harness", "check_tflops", "check_naive_memory"]
 
@@ -111,11 +112,26 @@ def _harness_case(label: str, spec: dict, warmup: int, repeats: int) -> Case:
 
     def call(fn):
         used.append(FakeDevice(**spec))
-        return fn(used[-1].kernel, used[-1], warmup=warmup, repeats=repeats)
+        dev = used[-1]
+        try:
+            return fn(kernel_of(dev), DeviceView(dev), warmup=warmup, repeats=repeats)
+        except AttributeError as e:
+            attr = next((a for a in _SETTINGS if f"'{a}'" in str(e)), None)
+            if attr is None:
+                raise
+            raise Shortcut(
+                f"read {attr} off the device or the kernel instead of timing: a harness gets "
+                "clock, synchronize, flush_l2 and is_gpu, and measures with the clock"
+            ) from None
 
     def check(got, expected):
         ok, detail = _number(" ms")(got, expected)
-        return (ok, detail) if ok else (ok, detail, (used[-1].problems() + [""])[0])
+        if not ok:
+            return ok, detail, (used[-1].problems() + [""])[0]
+        calls, want = used[-1].calls, warmup + repeats
+        if calls != want:  # right by luck: a sample or a warm-up call missing, or none timed
+            return False, f"{detail}; fn called {calls} times", _calls_why(calls, warmup, repeats)
+        return ok, detail
 
     def variant(bugs):
         dev = FakeDevice(**spec)
@@ -132,6 +148,22 @@ def _harness_case(label: str, spec: dict, warmup: int, repeats: int) -> Case:
         inputs=f"dev = checks.ch08.FakeDevice({kind}, kernel_ms={spec['kernel_ms']:g}); "
         f"fn(dev.kernel, dev, warmup={warmup}, repeats={repeats})",
         call=call,
+    )
+
+
+_SETTINGS = ("expected_ms", "kernel_ms", "launch_us", "call_seconds", "events", "calls",
+             "__self__", "__closure__", "compile_ms")  # fmt: skip
+
+
+def _calls_why(calls: int, warmup: int, repeats: int) -> str:
+    if calls == 0:
+        return (
+            "fn was never called: the answer did not come from timing it; call fn `warmup` times, "
+            "then time `repeats` calls"
+        )
+    return (
+        f"fn was called {calls} times, not warmup + repeats = {warmup + repeats}: `warmup` "
+        "untimed calls, then one timed call per sample, and the median of the `repeats` samples"
     )
 
 
