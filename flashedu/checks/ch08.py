@@ -7,7 +7,10 @@ flush still running when the clock starts, seconds instead of milliseconds. Exer
 measured time into TFLOP/s, exercise 8.3 predicts how much memory standard attention needs at long
 context. A wrong answer is matched against planted versions of the usual mistakes and the report
 names the one that reproduces it; the event log of the simulated device names what it can when
-none does. The solutions are `flashedu.profiling.time_ms`, `tflops` below and
+none does. The harness is handed the kernel as a plain function and the device's
+interface alone (`DeviceView`: clock, synchronize, flush_l2, is_gpu), and must call the kernel
+warmup + repeats times: an answer read off the simulation's settings, or a right number from fewer
+timed calls, is named. The solutions are `flashedu.profiling.time_ms`, `tflops` below and
 `flashedu.bench.memory_model`; flashedu's own code is off limits while a learner's answer runs.
 
 Limits: TFLOP/s counts matmul FLOPs only, by the benchmarks' convention (`traffic.benchmark_flops`:
