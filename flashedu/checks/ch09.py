@@ -1,14 +1,27 @@
 """Graders for notebooks/09_beyond.ipynb: which blocks a mask hides, split-KV decoding, bytes on
 the ring.
 
+Exercise 9.1 teaches a block's kind from its corners. Its last cases are blocks of a few hundred
+rows and keys in sequences of thousands: there the learner's code may make no array of
+8 (N_q + N_k) elements or more (a table of visible pairs, for the sequence or for the block) and run
+no more than 10 (rows + keys) lines of its own (a walk over the pairs); either is a named shortcut.
+
 Exercise 9.2 is graded in pieces so that the split is real: the grader cuts the keys itself and
 calls the learner's `split_state(q, k_s, v_s)` on each split's keys alone (a copy: nothing else is
-reachable), checks every partial state (m, l, o), then hands the list of states, and nothing else,
-to the learner's `combine(states)`, whose (o, lse) must be exact attention. All three exercises run
-with flashedu's own implementations off limits, and a wrong answer is matched against planted bugs.
+reachable), checks every partial state (m, l, o), then hands the list of states, as plain float64
+copies and nothing else, to the learner's `combine(states)`, whose (o, lse) must be exact
+attention. A last case hands the combine the states of keys split_state never saw: a combine that
+recomputes attention from keys kept aside answers for the wrong keys, and is named. All three
+exercises run with flashedu's own implementations off limits, and a wrong answer is matched against
+planted bugs.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -219,17 +232,64 @@ def _long_specs(rng):
     ]
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OURS = (_PACKAGE, sysconfig.get_paths()["stdlib"])
+
+
+@contextmanager
+def _line_budget(budget: int):
+    """Count the lines the learner's own code runs in the block (not flashedu's, the standard
+    library's or an installed package's); past `budget` the run stops. Yields [count, over]."""
+    state = [0, False]
+
+    def local(frame, event, arg):
+        if event == "line":
+            state[0] += 1
+            if state[0] > budget:
+                state[1] = True
+                raise Shortcut("over the line budget")
+        return local
+
+    def call(frame, event, arg):
+        name = frame.f_code.co_filename
+        ours = name.startswith(_OURS) or "site-packages" in name or name.startswith("<frozen")
+        return None if ours else local
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield state
+    finally:
+        sys.settrace(previous)
+
+
+_PAIRS = (
+    "ran {n:,} lines of your code for one {bm}x{bn} block, as if it visited every (query, key) "
+    "pair: a block's kind follows from its corners (the first and last row against the first and "
+    "last key), a few comparisons whatever the block's size"
+)
+
+
 def _small_call(rows, cols, N_q, N_k, kw):
     """Run fn on one block of a long sequence, every array it makes recorded: one as large as
-    8 (N_q + N_k) elements (NumPy, torch or many Python objects) is a table of visible pairs."""
+    8 (N_q + N_k) elements (NumPy, torch or many Python objects) is a table of visible pairs. The
+    lines it runs are counted too: more than 10 (rows + keys) of them is a walk over the pairs."""
     limit = 8 * (N_q + N_k)
+    (r0, r1), (c0, c1) = rows, cols
+    budget = 10 * ((r1 - r0) + (c1 - c0)) + 200
 
     def call(fn):
         w = None
         try:
-            with watch_arrays(limit) as w:
-                return fn(rows, cols, N_q, N_k, **kw)
-        except Shortcut:
+            with watch_arrays(limit) as w, _line_budget(budget) as lines:
+                got = fn(rows, cols, N_q, N_k, **kw)
+            if lines[1]:
+                raise Shortcut("over the line budget")
+            return got
+        except Exception:
+            if "lines" in locals() and lines[1]:
+                msg = _PAIRS.format(n=lines[0], bm=r1 - r0, bn=c1 - c0)
+                raise Shortcut(msg) from None
             if w is None or not w.over:
                 raise
             shape = w.largest_shape if w.largest_elems >= limit else None

@@ -13,6 +13,14 @@ with the output it gives (a flipped sign, an exclusive window edge, a prefix tha
 document mask that lets tokens see other documents, ...); otherwise the report shows the first wrong
 entry and what the case tests. `checks.hint` prints each mod as a formula.
 
+The last case of each grader but softcap's is a sequence of thousands of tokens, where the mod is
+called as FlexAttention calls it, one (head, query, key) at a time with 0-d index tensors, at pairs
+drawn at random and near the diagonal, a window's edge or a document's start. There the factory may
+make no array of 16 N elements or more, nothing the mod can reach (closure, defaults, globals it
+names, attributes) may be that large, and no call may make one: an N x N mask or bias table, built
+in the factory, before it or lazily in the mod, is a named shortcut. Errors with a known cause are
+named too: a Python `if`, float() or .item() on a tensor, on the grid or inside FlexAttention.
+
 Limits: forward only (FlexAttention has no backward on CPU in torch 2.13); small shapes.
 """
 

@@ -52,6 +52,18 @@ def per_row(rows, cols, N_q, N_k, causal=False, window_size=None):
     return "full" if (seen == c1 - c0).all() else "partial"
 
 
+def per_row_loop(rows, cols, N_q, N_k, causal=False, window_size=None):
+    """Honest, in plain Python: one pass over the block's rows, each row's visible key range."""
+    (r0, r1), (c0, c1), off, left, right = _bounds(rows, cols, N_q, N_k, causal, window_size)
+    seen_any, seen_all = False, True
+    for i in range(r0, r1):
+        lo = max(c0, i + off - left) if left >= 0 else c0
+        hi = min(c1 - 1, i + off + right) if right >= 0 else c1 - 1
+        seen_any |= hi >= lo
+        seen_all &= lo == c0 and hi == c1 - 1
+    return "full" if seen_all else "partial" if seen_any else "skip"
+
+
 def _visible(i, j, N_q, N_k, causal, window_size):
     left, right = window_size if window_size is not None else (-1, -1)
     right = 0 if causal else right
@@ -96,7 +108,23 @@ def block_mask(rows, cols, N_q, N_k, causal=False, window_size=None):
     return _kind(_visible(i, j, N_q, N_k, causal, window_size))
 
 
-@pytest.mark.parametrize("solution", [corners, per_row])
+def every_pair(rows, cols, N_q, N_k, causal=False, window_size=None):
+    """Shortcut: visit every (query, key) pair of the block in Python."""
+    seen = []
+    for i in range(*rows):
+        for j in range(*cols):
+            seen.append(bool(_visible(i, j, N_q, N_k, causal, window_size)))
+    return _kind(np.array(seen))
+
+
+def pairs_in_lists(rows, cols, N_q, N_k, causal=False, window_size=None):
+    """Shortcut: the block's table as a list of lists, built by comprehensions."""
+    table = [[bool(_visible(i, j, N_q, N_k, causal, window_size)) for j in range(*cols)]
+             for i in range(*rows)]  # fmt: skip
+    return _kind(np.array(table))
+
+
+@pytest.mark.parametrize("solution", [corners, per_row, per_row_loop])
 def test_block_kind_accepts_honest_classifiers(solution):
     for seed in SEEDS:
         report, text = run_grader(checks.block_kind, solution, seed)
@@ -110,6 +138,13 @@ def test_block_kind_rejects_a_table_of_visible_pairs(shortcut):
     assert "to classify one block of N_q=" in report.diagnosis, text
     assert "follows from its corners" in report.diagnosis, text
     assert report.diagnosis.startswith("built a "), text
+
+
+@pytest.mark.parametrize("shortcut", [every_pair, pairs_in_lists])
+def test_block_kind_rejects_a_walk_over_every_pair(shortcut):
+    report, text = run_grader(checks.block_kind, shortcut, seed=0)
+    assert not report.passed
+    assert "as if it visited every (query, key) pair" in report.diagnosis, text
 
 
 # --------------------------------------------------------------------------------- 9.2 split-KV
