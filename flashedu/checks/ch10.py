@@ -152,7 +152,7 @@ def _runner(make, kind: str):
                 arr = flex.mask_array(guarded, *q.shape[:3], k.shape[2])
             else:
                 arr = flex.score_array(guarded, flex.dense_scores(q, k))
-        except NotImplementedError:
+        except (NotImplementedError, Shortcut):
             raise
         except Exception as e:  # named below when the cause is a known one
             return _Raised(e), None
@@ -161,6 +161,8 @@ def _runner(make, kind: str):
                 return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
             mods = dict(score_mod=mod, mask_mod=mask_mod, block_size=16)
             return arr, flex.flex_forward(q, k, v, **mods)[0]
+        except Shortcut:
+            raise
         except Exception as e:  # right on the grid, refused by FlexAttention: say why
             return arr, _Raised(e)
 
