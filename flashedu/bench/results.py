@@ -120,9 +120,16 @@ def write(result: dict, out) -> Path:
     return write_atomic(out, json.dumps(result, indent=1) + "\n")
 
 
+# Modules a recorded run named that have since moved: old name -> the name that runs today.
+MOVED_MODULES = {"flashedu.gpu_check": "flashedu.bench.gpu_check"}
+
+
 def portable_command(command: str) -> str:
     """A recorded command with each `--out` path cut to its file name, as a reader would type it
-    (the GPU runs write to a scratch folder whose absolute path means nothing elsewhere)."""
+    (the GPU runs write to a scratch folder whose absolute path means nothing elsewhere), and a
+    module that has moved since the run under the name it has now (`MOVED_MODULES`)."""
+    for old, new in MOVED_MODULES.items():
+        command = re.sub(rf"(-m ){re.escape(old)}(?=\s|$)", rf"\g<1>{new}", command)
     return re.sub(r"(--out[ =])\S*/([^/\s]+)", r"\1\2", command)
 
 

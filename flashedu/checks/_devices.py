@@ -119,6 +119,40 @@ class FakeDevice:
         return found
 
 
+class DeviceView:
+    """What a timing harness is handed: the Device interface of a FakeDevice (clock, synchronize,
+    flush_l2, is_gpu, name) and nothing else, so the answer cannot be read off the simulation's
+    settings (`expected_ms`, `kernel_ms`) instead of measured."""
+
+    __slots__ = ("clock", "synchronize", "flush_l2", "is_gpu", "name")
+
+    def __init__(self, dev: FakeDevice):
+        self.clock, self.synchronize = _call(dev.clock), _call(dev.synchronize)
+        self.flush_l2 = _call(dev.flush_l2)
+        self.is_gpu, self.name = dev.is_gpu, dev.name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+def _call(method):
+    """A plain function that calls `method` (no __self__ that leads back to the device)."""
+
+    def call():
+        return method()
+
+    return call
+
+
+def kernel_of(dev: FakeDevice):
+    """The kernel to time as a plain function."""
+
+    def kernel() -> None:
+        dev.kernel()
+
+    return kernel
+
+
 def _gpu_problems(ev: list[str]) -> list[str]:
     found = []
     timed = [i for i, e in enumerate(ev) if e == "clock"]

@@ -7,7 +7,10 @@ flush still running when the clock starts, seconds instead of milliseconds. Exer
 measured time into TFLOP/s, exercise 8.3 predicts how much memory standard attention needs at long
 context. A wrong answer is matched against planted versions of the usual mistakes and the report
 names the one that reproduces it; the event log of the simulated device names what it can when
-none does. The solutions are `flashedu.profiling.time_ms`, `tflops` below and
+none does. The harness is handed the kernel as a plain function and the device's
+interface alone (`DeviceView`: clock, synchronize, flush_l2, is_gpu), and must call the kernel
+warmup + repeats times: an answer read off the simulation's settings, or a right number from fewer
+timed calls, is named. The solutions are `flashedu.profiling.time_ms`, `tflops` below and
 `flashedu.bench.memory_model`; flashedu's own code is off limits while a learner's answer runs.
 
 Limits: TFLOP/s counts matmul FLOPs only, by the benchmarks' convention (`traffic.benchmark_flops`:
@@ -21,7 +24,8 @@ import statistics
 
 from .. import bench, traffic
 from ._core import Case, Report, grade, grader, number_or_none, rng_for
-from ._devices import FakeDevice  # also checks.ch08.FakeDevice, to rerun a case
+from ._devices import DeviceView, FakeDevice, kernel_of  # also checks.ch08.FakeDevice
+from ._shared import Shortcut
 
 __all__ = ["check_timing_harness", "check_tflops", "check_naive_memory"]
 
@@ -111,11 +115,26 @@ def _harness_case(label: str, spec: dict, warmup: int, repeats: int) -> Case:
 
     def call(fn):
         used.append(FakeDevice(**spec))
-        return fn(used[-1].kernel, used[-1], warmup=warmup, repeats=repeats)
+        dev = used[-1]
+        try:
+            return fn(kernel_of(dev), DeviceView(dev), warmup=warmup, repeats=repeats)
+        except AttributeError as e:
+            attr = next((a for a in _SETTINGS if f"'{a}'" in str(e)), None)
+            if attr is None:
+                raise
+            raise Shortcut(
+                f"read {attr} off the device or the kernel instead of timing: a harness gets "
+                "clock, synchronize, flush_l2 and is_gpu, and measures with the clock"
+            ) from None
 
     def check(got, expected):
         ok, detail = _number(" ms")(got, expected)
-        return (ok, detail) if ok else (ok, detail, (used[-1].problems() + [""])[0])
+        if not ok:
+            return ok, detail, (used[-1].problems() + [""])[0]
+        calls, want = used[-1].calls, warmup + repeats
+        if calls != want:  # right by luck: a sample or a warm-up call missing, or none timed
+            return False, f"{detail}; fn called {calls} times", _calls_why(calls, warmup, repeats)
+        return ok, detail
 
     def variant(bugs):
         dev = FakeDevice(**spec)
@@ -132,6 +151,22 @@ def _harness_case(label: str, spec: dict, warmup: int, repeats: int) -> Case:
         inputs=f"dev = checks.ch08.FakeDevice({kind}, kernel_ms={spec['kernel_ms']:g}); "
         f"fn(dev.kernel, dev, warmup={warmup}, repeats={repeats})",
         call=call,
+    )
+
+
+_SETTINGS = ("expected_ms", "kernel_ms", "launch_us", "call_seconds", "events", "calls",
+             "__self__", "__closure__", "compile_ms")  # fmt: skip
+
+
+def _calls_why(calls: int, warmup: int, repeats: int) -> str:
+    if calls == 0:
+        return (
+            "fn was never called: the answer did not come from timing it; call fn `warmup` times, "
+            "then time `repeats` calls"
+        )
+    return (
+        f"fn was called {calls} times, not warmup + repeats = {warmup + repeats}: `warmup` "
+        "untimed calls, then one timed call per sample, and the median of the `repeats` samples"
     )
 
 

@@ -1,20 +1,35 @@
 """Graders for notebooks/09_beyond.ipynb: which blocks a mask hides, split-KV decoding, bytes on
 the ring.
 
+Exercise 9.1 teaches a block's kind from its corners. Its last cases are blocks of a few hundred
+rows and keys in sequences of thousands: there the learner's code may make no array of
+8 (N_q + N_k) elements or more (a table of visible pairs, for the sequence or for the block) and run
+no more than 10 (rows + keys) lines of its own (a walk over the pairs); either is a named shortcut.
+
 Exercise 9.2 is graded in pieces so that the split is real: the grader cuts the keys itself and
 calls the learner's `split_state(q, k_s, v_s)` on each split's keys alone (a copy: nothing else is
-reachable), checks every partial state (m, l, o), then hands the list of states, and nothing else,
-to the learner's `combine(states)`, whose (o, lse) must be exact attention. All three exercises run
-with flashedu's own implementations off limits, and a wrong answer is matched against planted bugs.
+reachable), checks every partial state (m, l, o), then hands the list of states, as plain float64
+copies and nothing else, to the learner's `combine(states)`, whose (o, lse) must be exact
+attention. A last case hands the combine the states of keys split_state never saw: a combine that
+recomputes attention from keys kept aside answers for the wrong keys, and is named. All three
+exercises run with flashedu's own implementations off limits, and a wrong answer is matched against
+planted bugs.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from contextlib import contextmanager
 
 import numpy as np
 
 from .. import decoding, reference, ring
 from ..testing import Tolerance, random_qkv
 from ._core import Case, compare, grade, grader, rng_for, same
+from ._shared import Shortcut
+from ._watch import find_large_local, shape_text, watch_arrays
 
 __all__ = ["block_kind", "split_kv_decode", "ring_bytes"]
 
@@ -180,14 +195,128 @@ Key j is visible from query row i iff  -left <= j - (i + N_k - N_q) <= right
 """
 
 
+_TABLE = (
+    "a block's kind follows from its corners (the first and last row against the first and last "
+    "key): no table of which (query, key) pairs are visible is needed"
+)
+
+
+def _long_specs(rng):
+    """(label, rows, cols, N_q, N_k, causal, window_size, hint): sequences thousands of keys
+    long and blocks of hundreds, where a table of visible pairs (N_q x N_k, or one block's
+    rows x keys) is far larger than the grader's limit of 8 (N_q + N_k) elements."""
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    n, bm, bn, left = r(3000, 5000), r(200, 300), r(200, 300), r(900, 1200)
+    r0 = r(3 * bm, n - 2 * bm)
+    return [
+        (
+            f"causal N={n}, a {bm}x{bn} block on the diagonal",
+            (r0, r0 + bm),
+            (r0 - bn // 2, r0 - bn // 2 + bn),
+            n,
+            n,
+            True,
+            None,
+            "a block the diagonal cuts through needs the mask: partial",
+        ),
+        (
+            f"window ({left}, 0), N_q={n} < N_k={n + bn}, a {bm}x{bn} block inside",
+            (r0, r0 + bm),
+            (r0 + 1 - bn, r0 + 1),
+            n,
+            n + bn,
+            False,
+            (left, 0),
+            "every row of the block sees every key of it: full",
+        ),
+    ]
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OURS = (_PACKAGE, sysconfig.get_paths()["stdlib"])
+
+
+@contextmanager
+def _line_budget(budget: int):
+    """Count the lines the learner's own code runs in the block (not flashedu's, the standard
+    library's or an installed package's); past `budget` the run stops. Yields [count, over]."""
+    state = [0, False]
+
+    def local(frame, event, arg):
+        if event == "line":
+            state[0] += 1
+            if state[0] > budget:
+                state[1] = True
+                raise Shortcut("over the line budget")
+        return local
+
+    def call(frame, event, arg):
+        name = frame.f_code.co_filename
+        ours = name.startswith(_OURS) or "site-packages" in name or name.startswith("<frozen")
+        return None if ours else local
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield state
+    finally:
+        sys.settrace(previous)
+
+
+_PAIRS = (
+    "ran {n:,} lines of your code for one {bm}x{bn} block, as if it visited every (query, key) "
+    "pair: a block's kind follows from its corners (the first and last row against the first and "
+    "last key), a few comparisons whatever the block's size"
+)
+
+
+def _small_call(rows, cols, N_q, N_k, kw):
+    """Run fn on one block of a long sequence, every array it makes recorded: one as large as
+    8 (N_q + N_k) elements (NumPy, torch or many Python objects) is a table of visible pairs. The
+    lines it runs are counted too: more than 10 (rows + keys) of them is a walk over the pairs."""
+    limit = 8 * (N_q + N_k)
+    (r0, r1), (c0, c1) = rows, cols
+    budget = 10 * ((r1 - r0) + (c1 - c0)) + 200
+
+    def call(fn):
+        w = None
+        try:
+            with watch_arrays(limit) as w, _line_budget(budget) as lines:
+                got = fn(rows, cols, N_q, N_k, **kw)
+            if lines[1]:
+                raise Shortcut("over the line budget")
+            return got
+        except Exception:
+            if "lines" in locals() and lines[1]:
+                msg = _PAIRS.format(n=lines[0], bm=r1 - r0, bn=c1 - c0)
+                raise Shortcut(msg) from None
+            if w is None or not w.over:
+                raise
+            shape = w.largest_shape if w.largest_elems >= limit else None
+            if shape is None:  # NumPy memory made from scalars: find the array among the locals
+                shape = find_large_local(fn, (rows, cols, N_q, N_k), kw, limit)
+            if shape is not None:
+                made = f"built a {shape_text(shape)} array"
+            else:
+                made = f"held {w.peak_bytes / 2**20:,.1f} MiB of arrays or lists at once"
+            where = f"to classify one block of N_q={N_q}, N_k={N_k}"
+            raise Shortcut(f"{made} {where}: {_TABLE}") from None
+
+    return call
+
+
 @grader("flashedu.decoding.block_kind", formula=_BLOCK_FORMULA)
 def block_kind(fn, *, seed=None, out=print):
     """Grade `fn(rows, cols, N_q, N_k, causal=False, window_size=None) -> "skip" | "partial" |
     "full"`: rows = (r0, r1) query rows and cols = (c0, c1) keys of one block, half-open."""
     cases = []
-    for label, rows, cols, N_q, N_k, causal, window, hint in _block_specs(rng_for(seed)):
+    rng = rng_for(seed)
+    specs = _block_specs(rng)
+    specs += _long_specs(rng)  # drawn after the short ones: their seeds give the cases they gave
+    for label, rows, cols, N_q, N_k, causal, window, hint in specs:
         expected = decoding.block_kind(rows, cols, N_q, N_k, causal=causal, window_size=window)
         kw = dict(causal=causal, window_size=window)
+        is_long = N_k >= 1000
         cases.append(
             Case(
                 f"{label}: rows {rows[0]}:{rows[1]}, keys {cols[0]}:{cols[1]}",
@@ -200,6 +329,7 @@ def block_kind(fn, *, seed=None, out=print):
                     why: _block_kind(rows, cols, N_q, N_k, **kw, **bug)
                     for why, bug in _BLOCK_MISTAKES.items()
                 },
+                call=_small_call(rows, cols, N_q, N_k, kw) if is_long else None,
             )
         )
     return grade("block_kind", fn, cases, out=out, forbid=True)
@@ -301,25 +431,95 @@ def _decode_check(got, expected):
     return False, f"combine: {detail}", why
 
 
+def _plain(state):
+    """A state as the combine receives it: plain float64 copies of m, l and o, nothing attached
+    (an array subclass or an attribute could carry the split's keys along)."""
+    if isinstance(state, (tuple, list)) and len(state) == 3:
+        try:
+            return tuple(np.array(np.asarray(x), dtype=np.float64, copy=True) for x in state)
+        except (TypeError, ValueError):
+            pass
+    return state
+
+
+def _carries(states) -> bool:
+    """Whether a state holds more than three plain arrays (a subclass, attributes)."""
+    return any(
+        isinstance(s, (tuple, list))
+        and any(
+            (isinstance(x, np.ndarray) and type(x) is not np.ndarray) or bool(vars(x))
+            for x in s
+            if hasattr(x, "__dict__") or isinstance(x, np.ndarray)
+        )
+        for s in states
+    )
+
+
+_CARRIED = (
+    "split_state's states carry more than (m, l, o) (array subclasses or attributes), and combine "
+    "failed on plain arrays: combine receives m, l and o alone and must merge them"
+)
+
+
+def _run_combine(combine, states):
+    if combine is None:
+        raise TypeError(
+            "split_kv_decode needs both functions: checks.split_kv_decode(split_state, combine)"
+        )
+    try:
+        return combine([_plain(s) for s in states])
+    except NotImplementedError:
+        raise RuntimeError("combine is not written yet (it raised NotImplementedError)") from None
+    except Exception:
+        if _carries(states):
+            raise Shortcut(_CARRIED) from None
+        raise
+
+
 def _split_call(q, k, v, splits, combine):
     def call(split_fn):
         states = [
             split_fn(q.copy(), k[..., c0:c1, :].copy(), v[..., c0:c1, :].copy())
             for c0, c1 in splits
         ]
-        if combine is None:
-            raise TypeError(
-                "split_kv_decode needs both functions: checks.split_kv_decode(split_state, combine)"
-            )
-        try:
-            out = combine(list(states))
-        except NotImplementedError:
-            raise RuntimeError(
-                "combine is not written yet (it raised NotImplementedError)"
-            ) from None
-        return states, out, splits
+        return states, _run_combine(combine, states), splits
 
     return call
+
+
+_KEPT_KEYS = (
+    "combine did not merge the states it was handed: its (o, lse) is attention over the keys "
+    "split_state saw before; combine gets only the (m, l, o) states and must merge them"
+)
+
+
+def _alone_call(seen, handed, combine):
+    """Run split_state on the splits of `seen` (q, k, v, splits), then hand combine the grader's
+    own states of other keys: a combine that merges them is right, one that recomputes attention
+    from keys kept aside by split_state answers for `seen`."""
+    q, k, v, splits = seen
+
+    def call(split_fn):
+        for c0, c1 in splits:
+            split_fn(q.copy(), k[..., c0:c1, :].copy(), v[..., c0:c1, :].copy())
+        return _run_combine(combine, handed)
+
+    return call
+
+
+def _alone_check(seen_out):
+    def check(got, expected):
+        want_states, want = expected
+        ok, detail = compare(got, want, _F64, ("o", "lse"))
+        if ok:
+            return True, f"{len(want_states)} states merged; {detail}"
+        if same(got, seen_out):
+            return False, f"combine: {detail}", _KEPT_KEYS
+        bugs = _COMBINE_MISTAKES.items()
+        why = next((w for w, kw in bugs if same(got, _combine_bug(want_states, **kw))), "")
+        return False, f"combine: {detail}", why
+
+    return check
 
 
 _DECODE_FORMULA = """
@@ -376,6 +576,23 @@ def split_kv_decode(fn, combine=None, *, seed=None, out=print):
                 call=_split_call(q, k, v, splits, combine),
             )
         )
+    # the combine alone: states of keys split_state never saw, the same shapes as keys it did see
+    shape, splits = (1, 2, 2, 3 * n + 2, 8), decoding.split_bounds(3 * n + 2, 3)
+    q, k, v = random_qkv(*shape, "float64", seed=rng)
+    q2, k2, v2 = random_qkv(*shape, "float64", seed=rng)
+    handed = [split_state(q2, k2[..., c0:c1, :], v2[..., c0:c1, :]) for c0, c1 in splits]
+    cases.append(
+        Case(
+            f"combine alone: the states of {shape[3]} other keys",
+            (),
+            (handed, reference.forward(q2, k2, v2)),
+            hint="combine must merge the states it is handed, whatever keys they came from",
+            check=_alone_check(reference.forward(q, k, v)),
+            inputs=f"split_state on q {q.shape}, k and v {k.shape}, splits {splits}; then "
+            f"combine on the states of other q, k, v of the same shapes",
+            call=_alone_call((q, k, v, splits), handed, combine),
+        )
+    )
     return grade("split_kv_decode", fn, cases, out=out, forbid=True)
 
 

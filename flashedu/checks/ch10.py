@@ -13,10 +13,22 @@ with the output it gives (a flipped sign, an exclusive window edge, a prefix tha
 document mask that lets tokens see other documents, ...); otherwise the report shows the first wrong
 entry and what the case tests. `checks.hint` prints each mod as a formula.
 
+The last case of each grader but softcap's is a sequence of thousands of tokens, where the mod is
+called as FlexAttention calls it, one (head, query, key) at a time with 0-d index tensors, at pairs
+drawn at random and near the diagonal, a window's edge or a document's start. There the factory may
+make no array of 16 N elements or more, nothing the mod can reach (closure, defaults, globals it
+names, attributes) may be that large, and no call may make one: an N x N mask or bias table, built
+in the factory, before it or lazily in the mod, is a named shortcut. Errors with a known cause are
+named too: a Python `if`, float() or .item() on a tensor, on the grid or inside FlexAttention.
+
 Limits: forward only (FlexAttention has no backward on CPU in torch 2.13); small shapes.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
+import types
 
 import numpy as np
 import torch
@@ -25,6 +37,8 @@ from .. import flex, masks, reference, softmax
 from ..testing import max_error
 from ._core import Case, grade, grader, rng_for
 from ._method import forbid_flashedu
+from ._shared import Shortcut
+from ._watch import shape_text, watch_arrays
 
 __all__ = [
     "alibi_mod",
@@ -59,6 +73,10 @@ def _checker(part: str):
 
     def check(got, expected):
         (arr, o), (want, o_ref) = got, expected
+        if isinstance(arr, _Raised):
+            return False, f"on the grid of indices the mod {arr.text}", arr.why
+        if isinstance(o, _Raised):
+            return False, f"FlexAttention {o.text}", o.why or _NOT_IN_FLEX
         arr, want = np.asarray(arr, dtype=float), np.asarray(want, dtype=float)
         if arr.shape != want.shape:
             return False, f"{part} has shape {arr.shape}, expected {want.shape}"
@@ -77,6 +95,26 @@ _NOT_IN_FLEX = (
     "right on the grid but not inside FlexAttention: write the mod with tensor operations only "
     "(no Python `if` on a value, no .item())"
 )
+
+
+class _Raised:
+    """What a call of the learner's mod raised, kept for the check to name."""
+
+    def __init__(self, e: BaseException):
+        msg = (str(e).strip().splitlines() or [""])[0][:120]
+        self.text = f"raised {type(e).__name__}" + (f": {msg}" if msg else "")
+        self.why = _why_raised(e)
+
+
+def _why_raised(e: BaseException) -> str:
+    """The cause of an error a mod raises, when it is a known one."""
+    msg = str(e)
+    if any(w in msg for w in ("ambiguous", ".item()", "data-dependent", "Data-dependent")):
+        return (
+            "a Python `if`, float() or .item() on a tensor: the mod is called with tensors of "
+            "indices, so write it with tensor operations (&, |, torch.where)"
+        )
+    return ""
 
 
 def _guarded(mod, kind: str):
@@ -109,11 +147,24 @@ def _runner(make, kind: str):
         if not callable(mod):
             raise TypeError(f"expected a {kind} function, got {type(mod).__name__}")
         guarded = _guarded(mod, kind)  # the grid sees every call the mod makes
-        if kind == "mask_mod":
-            arr = flex.mask_array(guarded, *q.shape[:3], k.shape[2])
-            return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
-        arr = flex.score_array(guarded, flex.dense_scores(q, k))
-        return arr, flex.flex_forward(q, k, v, score_mod=mod, mask_mod=mask_mod, block_size=16)[0]
+        try:
+            if kind == "mask_mod":
+                arr = flex.mask_array(guarded, *q.shape[:3], k.shape[2])
+            else:
+                arr = flex.score_array(guarded, flex.dense_scores(q, k))
+        except (NotImplementedError, Shortcut):
+            raise
+        except Exception as e:  # named below when the cause is a known one
+            return _Raised(e), None
+        try:
+            if kind == "mask_mod":
+                return arr, flex.flex_forward(q, k, v, mask_mod=mod, block_size=16)[0]
+            mods = dict(score_mod=mod, mask_mod=mask_mod, block_size=16)
+            return arr, flex.flex_forward(q, k, v, **mods)[0]
+        except Shortcut:
+            raise
+        except Exception as e:  # right on the grid, refused by FlexAttention: say why
+            return arr, _Raised(e)
 
     return run
 
@@ -185,6 +236,160 @@ def _grade(name, fn, kind, cases, out):
     return grade(name, _runner(fn, kind), cases, out=out)
 
 
+# ------------------------------------------------------------------ long sequences: no N x N table
+
+_MASK_TABLE = (
+    "a mask_mod answers for one (q_idx, kv_idx) at a time, from the indices; FlexAttention builds "
+    "its block mask from those calls, and an N x N table is the memory it exists to avoid"
+)
+_SCORE_TABLE = (
+    "a score_mod computes the score of one (q_idx, kv_idx) at a time, from the indices; an N x N "
+    "table of biases is the memory FlexAttention exists to avoid"
+)
+_DOC_TABLE = (
+    "a document mask needs each token's document id, N numbers, and compares two of them per "
+    "call; an N x N table of which token sees which is the memory FlexAttention exists to avoid"
+)
+
+
+def _made(w) -> str:
+    if w.largest_elems >= w.limit_elems:
+        return f"built a {shape_text(w.largest_shape)} table"
+    return f"held {w.peak_bytes / 2**20:,.1f} MiB of arrays at once"
+
+
+def _table_in_reach(obj, limit: int, name: str = "", depth: int = 0, seen=None):
+    """(name, shape) of an array or tensor of >= limit elements that `obj` can read: a closure
+    cell, a default, a global its code names, a partial's arguments, an attribute; else None."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 4 or isinstance(obj, (types.ModuleType, type)):
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return (name, tuple(obj.shape)) if int(np.prod(obj.shape)) >= limit else None
+
+    def nxt(x, n):
+        return _table_in_reach(x, limit, n, depth + 1, seen)
+
+    items: list[tuple[str, object]] = []
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [(name, x) for x in list(obj)[:1000]]
+    elif isinstance(obj, dict):
+        items = [(str(k), x) for k, x in list(obj.items())[:1000]]
+    elif isinstance(obj, functools.partial):
+        items = [("", obj.func), ("", obj.args), ("", obj.keywords)]
+    elif inspect.ismethod(obj):
+        items = [("", obj.__func__), ("self", obj.__self__)]
+    elif inspect.isfunction(obj):
+        if (obj.__module__ or "").split(".")[0] in ("torch", "numpy", "flashedu"):
+            return None
+        code = obj.__code__
+        cells = zip(code.co_freevars, obj.__closure__ or ())
+        items = [(n, c.cell_contents) for n, c in cells if _filled(c)]
+        items += [("default", x) for x in (obj.__defaults__ or ())]
+        items += list((obj.__kwdefaults__ or {}).items())
+        items += [(n, obj.__globals__[n]) for n in _names(code) if n in obj.__globals__]
+    elif callable(obj) and hasattr(obj, "__dict__"):
+        items = list(vars(obj).items()) + [("", type(obj).__call__)]
+    for n, x in items:
+        found = nxt(x, n or name)
+        if found:
+            return found
+    return None
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return False
+    return True
+
+
+def _names(code) -> set[str]:
+    """The global names a code object and the code nested in it read."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _names(c)
+    return names
+
+
+def _points(rng, N: int, H: int, near: int, n_random: int = 40) -> np.ndarray:
+    """(P, 3) int rows (h, i, j): random pairs, and pairs within `near` of the diagonal."""
+    i = rng.integers(0, N, n_random + 24)
+    close = np.clip(i[n_random:] - rng.integers(-2, near + 3, 24), 0, N - 1)
+    j = np.concatenate([rng.integers(0, N, n_random), close])
+    return np.stack([rng.integers(0, H, i.size), i, j], axis=1)
+
+
+def _long_case(label, fn, kind, params, N, pts, want, lesson, hint, score=None) -> Case:
+    """The learner's factory and mod on a sequence of N tokens: the factory's arrays, what the mod
+    can reach and what each call makes must all stay under 16 N elements (an N x N table is far
+    over), and the mod, called at the points (h, i, j) as FlexAttention calls it (0-d index
+    tensors), must give `want` there. `score`: the score handed to a score_mod at each point."""
+    limit = 16 * N
+
+    def call(_runner):
+        try:
+            with forbid_flashedu(), watch_arrays(limit) as w:
+                mod = fn(*params)
+        except Exception as e:
+            if "w" in locals() and w.over:  # the table, not what went wrong after it was built
+                raise Shortcut(f"the factory {_made(w)} for N={N}: {lesson}") from None
+            raise e
+        if not callable(mod):
+            raise TypeError(f"expected a {kind} function, got {type(mod).__name__}")
+        found = _table_in_reach(mod, limit, "the mod")
+        if found:
+            where, shape = found
+            raise Shortcut(f"the mod reads a {shape_text(shape)} table ({where}): {lesson}")
+        got = []
+        t = lambda x: torch.tensor(int(x))  # noqa: E731
+        try:
+            with forbid_flashedu(), watch_arrays(limit) as w2:
+                for p, (h, i, j) in enumerate(pts):
+                    idx = (t(0), t(h), t(i), t(j))
+                    if kind == "mask_mod":
+                        out = mod(*idx)
+                    else:
+                        out = mod(torch.tensor(float(score[p]), dtype=torch.float64), *idx)
+                    got.append(float(torch.as_tensor(out).double()))
+        except Exception as e:
+            if "w2" in locals() and w2.over:  # the table, not what went wrong after it was built
+                raise Shortcut(f"one call of the mod {_made(w2)}: {lesson}") from None
+            if isinstance(e, (Shortcut, NotImplementedError)):
+                raise
+            return _Raised(e)
+        return np.array(got)
+
+    def check(got, expected):
+        if isinstance(got, _Raised):
+            return False, f"called at single indices, the mod {got.text}", got.why
+        wrong = ~np.isclose(got, expected, rtol=0, atol=_TOL)
+        if not wrong.any():
+            return True, f"{len(pts)} (query, key) pairs of {N} tokens right; no table"
+        p = int(np.argmax(wrong))
+        h, i, j = (int(x) for x in pts[p])
+        return False, (
+            f"{int(wrong.sum())} of {len(pts)} pairs wrong; first: head {h}, query {i}, key {j}: "
+            f"{got[p]:.4g}, expected {expected[p]:.4g}"
+        )
+
+    shown = ", ".join(f"tensor {tuple(x.shape)}" if isinstance(x, torch.Tensor) else repr(x)
+                      for x in params)  # fmt: skip
+    return Case(
+        label,
+        (),
+        want,
+        hint=hint,
+        check=check,
+        call=call,
+        inputs=f"factory({shown}); the mod called at {len(pts)} (head, query, key) points of "
+        f"N={N}, each index a 0-d tensor",
+    )
+
+
 # ------------------------------------------------------------------------------------ score mods
 
 
@@ -215,6 +420,11 @@ def alibi_mod(fn, *, seed=None, out=print):
             - slopes[0] * np.abs(i - j),
             "the distance is not multiplied by the head's slope": s - np.abs(i - j),
         }
+        if H >= s.shape[0]:  # slopes[b] exists: it gives a wrong answer instead of an error
+            by_batch = slopes[: s.shape[0], None, None, None] * np.abs(i - j)
+            mistakes[
+                "the slopes were indexed by the batch b: index them by the head, slopes[h]"
+            ] = s - by_batch
         o_ref = reference.forward(q, k, v, causal=causal, alibi_slopes=slopes)[0]
         label = f"H={H}, N={N}" + (", causal" if causal else "")
         cases.append(
@@ -229,6 +439,24 @@ def alibi_mod(fn, *, seed=None, out=print):
                 np.tril(np.ones((N, N), bool)) if causal else None,
             )
         )
+    H, N = 4, int(rng.integers(4096, 6145))
+    slopes = masks.alibi_slopes(H) * rng.uniform(0.5, 2.0)
+    pts, score = _points(rng, N, H, 8), rng.standard_normal(64)
+    h, i, j = pts.T
+    cases.append(
+        _long_case(
+            f"N={N}: single (query, key) pairs, no table",
+            fn,
+            "score_mod",
+            (torch.from_numpy(slopes),),
+            N,
+            pts,
+            score - slopes[h] * np.abs(i - j),
+            _SCORE_TABLE,
+            "subtract slopes[h] * |q_idx - kv_idx| at each call",
+            score,
+        )
+    )
     return _grade("alibi_mod", fn, "score_mod", cases, out)
 
 
@@ -295,6 +523,24 @@ def relative_bias_mod(fn, *, seed=None, out=print):
                 label, (torch.from_numpy(table), D), (q, k, v), s + table[:, rel], mistakes, hint
             )
         )
+    H, D, N = 3, 8, int(rng.integers(4096, 6145))
+    table = rng.standard_normal((H, 2 * D + 1))
+    pts, score = _points(rng, N, H, D + 2), rng.standard_normal(64)
+    h, i, j = pts.T
+    cases.append(
+        _long_case(
+            f"N={N}, D={D}: single (query, key) pairs, no table",
+            fn,
+            "score_mod",
+            (torch.from_numpy(table), D),
+            N,
+            pts,
+            score + table[h, np.clip(j - i, -D, D) + D],
+            _SCORE_TABLE,
+            "add table[h, clamp(kv_idx - q_idx, -D, D) + D] at each call",
+            score,
+        )
+    )
     return _grade("relative_bias_mod", fn, "score_mod", cases, out)
 
 
@@ -323,9 +569,27 @@ def sliding_window_mask(fn, *, seed=None, out=print):
             "keys after the query are visible: the window is causal too": np.abs(i - j) <= w,
             "that is causal attention: also hide keys more than `window` back": j <= i,
             "one key too many: q_idx - kv_idx <= window": (i >= j) & (i - j <= w + 1),
+            "the diagonal was hidden: a query sees its own key, kv_idx <= q_idx": (i > j)
+            & (i - j <= w),
         }
         want = (i >= j) & (i - j <= w)
         cases.append(_mask_case(f"N={N}, window={w}", rng, (w,), want, mistakes, hint))
+    N, w = int(rng.integers(4096, 6145)), int(rng.integers(16, 65))
+    pts = _points(rng, N, 2, w + 2)
+    _, i, j = pts.T
+    cases.append(
+        _long_case(
+            f"N={N}, window={w}: single (query, key) pairs, no table",
+            fn,
+            "mask_mod",
+            (w,),
+            N,
+            pts,
+            ((i >= j) & (i - j <= w)).astype(float),
+            _MASK_TABLE,
+            "compare q_idx - kv_idx with 0 and with the window at each call",
+        )
+    )
     return _grade("sliding_window_mask", fn, "mask_mod", cases, out)
 
 
@@ -353,9 +617,28 @@ def prefix_lm_mask(fn, *, seed=None, out=print):
             | (i < p),
             "`and` instead of `or`: visible if in the prefix OR not after the query": (j <= i)
             & (j < p),
+            "the diagonal was hidden: a query sees its own key, kv_idx <= q_idx": (j < i) | (j < p),
         }
         want = (j <= i) | (j < p)
         cases.append(_mask_case(f"N={N}, prefix_len={p}", rng, (p,), want, mistakes, hint))
+    N = int(rng.integers(4096, 6145))
+    p = int(rng.integers(N // 4, N // 2))
+    pts = _points(rng, N, 2, 4)
+    pts[:8, 2] = p - 4 + np.arange(8)  # keys on both sides of the prefix's end
+    _, i, j = pts.T
+    cases.append(
+        _long_case(
+            f"N={N}, prefix_len={p}: single (query, key) pairs, no table",
+            fn,
+            "mask_mod",
+            (p,),
+            N,
+            pts,
+            ((j <= i) | (j < p)).astype(float),
+            _MASK_TABLE,
+            "kv_idx < prefix_len, or kv_idx <= q_idx, at each call",
+        )
+    )
     return _grade("prefix_lm_mask", fn, "mask_mod", cases, out)
 
 
@@ -387,7 +670,37 @@ def document_mask(fn, *, seed=None, out=print):
             "not causal: within a document a token sees only earlier tokens": same,
             "document ids off by one: token cu_seqlens[s] starts document s": (j <= i)
             & (early[:, None] == early[None, :]),
+            "the diagonal was hidden: a token sees itself, kv_idx <= q_idx": same & (j < i),
         }
+        if len(lengths) > 1 and lengths[0] > 0:
+            equal = np.arange(N) // lengths[0]  # every document as long as the first
+            mistakes[
+                "the documents were taken to be equally long: read each boundary from cu_seqlens"
+            ] = (j <= i) & (equal[:, None] == equal[None, :])
         params = (torch.tensor(cu, dtype=torch.int32),)
         cases.append(_mask_case(f"lengths {lengths}", rng, params, same & (j <= i), mistakes, hint))
+    lengths = [int(x) for x in rng.integers(1, 900, 9)]
+    lengths.insert(int(rng.integers(1, 9)), 0)  # an empty document in the middle
+    cu = np.cumsum([0, *lengths])
+    N = int(cu[-1])
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    pts = _points(rng, N, 2, 4)
+    edges = cu[1:-1][cu[1:-1] < N]
+    starts = rng.choice(edges, 12)
+    pts[:12, 1], pts[:12, 2] = starts + rng.integers(0, 3, 12), starts - rng.integers(1, 4, 12)
+    pts[:, 1:] = np.clip(pts[:, 1:], 0, N - 1)
+    _, i, j = pts.T
+    cases.append(
+        _long_case(
+            f"{len(lengths)} documents, N={N}: single (query, key) pairs, no table",
+            fn,
+            "mask_mod",
+            (torch.tensor(cu, dtype=torch.int32),),
+            N,
+            pts,
+            ((doc[i] == doc[j]) & (j <= i)).astype(float),
+            _DOC_TABLE,
+            "each token's document id (N numbers, once), compared for q_idx and kv_idx",
+        )
+    )
     return _grade("document_mask", fn, "mask_mod", cases, out)

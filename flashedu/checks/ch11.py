@@ -11,7 +11,10 @@ Exercise 11.2 asks for e4m3 codes with one scale per block of rows (`hopper.fp8.
 grader checks the method, not only the values: one global scale, scale = max instead of max / 448
 and a zero scale are named, and each line shows the worst block's error beside that of one global
 scale. Exercise 11.3 asks for the random Hadamard rotation of Q and K (`hopper.fp8.rotate`): the
-scores must not change, an outlier must be spread, and the signs must come from the seed. All three
+scores must not change, an outlier must be spread, and the signs must come from the seed. The
+grader reads the learner's matrix M off a rotation of the identity (stacked over q): it must be one
+fixed matrix whose entries are all +-1/sqrt(d), so a dense random orthogonal matrix, a signed
+permutation or a rotation that depends on the data is named whatever the inputs. All three
 run with flashedu's own implementations off limits; `checks.hint` prints each formula.
 """
 
@@ -288,8 +291,20 @@ def fp8_block_quantize(fn, *, seed=None, out=print) -> Report:
 
 
 _PERMUTED = (
-    "the outlier was not spread: a (signed) permutation is orthogonal too, but only "
-    "the Hadamard matrix mixes every channel into all d"
+    "M is a (signed) permutation: it is orthogonal, so the scores stay, but it moves an outlier "
+    "instead of spreading it; only the Hadamard matrix mixes every channel into all d"
+)
+_DENSE = (
+    "M is orthogonal but not a Hadamard matrix: every entry of diag(s) H / sqrt(d) is "
+    "+-1/sqrt(d). A dense random orthogonal matrix spreads an outlier only on average, and costs "
+    "a d x d matmul where the Hadamard transform takes d log2(d) additions"
+)
+_NOT_LINEAR = (
+    "the rotation depends on the values of q: M must be one fixed matrix, made from d and the "
+    "seed alone, so that q and k (and every later token) get the same rotation"
+)
+_NOT_SPREAD = (
+    "the outlier was not spread: with every entry of M +-1/sqrt(d), each channel reaches all d"
 )
 _ALIGNED = (
     "rows that line up with Hadamard rows became spikes: flip random signs (diag(s)) before H"
@@ -312,6 +327,9 @@ def _rotation_check(fn, q: np.ndarray, k: np.ndarray, seed: int, *, spread: str,
             return False, detail, _why_scores_moved(q, k, qr, kr, s, d)
         if np.allclose(qr, q) and np.allclose(kr, k):
             return False, detail, "nothing was rotated: q_rot equals q (multiply by M)"
+        why = _matrix_problem(fn, q, k, seed, qr)
+        if why:
+            return False, detail, why
         if spread and fp8.crest(qr) > max(6.0, fp8.crest(q) / 3):
             return False, detail, spread
         if reseed:
@@ -329,6 +347,29 @@ def _rotation_check(fn, q: np.ndarray, k: np.ndarray, seed: int, *, spread: str,
         return True, detail
 
     return check
+
+
+def _matrix_problem(fn, q: np.ndarray, k: np.ndarray, seed: int, qr: np.ndarray) -> str:
+    """The learner's M, read off by rotating the identity stacked over q: '' when M is one fixed
+    matrix with every entry +-1/sqrt(d) (a Hadamard matrix, rows signed or not), else what it is.
+    Deterministic: it does not depend on how well a given input happens to be spread."""
+    d = q.shape[1]
+    try:
+        with forbid_flashedu():
+            rot = np.asarray(fn(np.vstack([np.eye(d), q]), k, seed)[0], dtype=np.float64)
+    except Exception as e:  # the learner's bug, reported
+        return f"rotating the identity stacked over q raised {type(e).__name__}: {e}"[:200]
+    if rot.shape != (d + q.shape[0], d):
+        return _NOT_LINEAR
+    M = rot[:d]
+    if not (np.allclose(rot[d:], q @ M, atol=1e-9) and np.allclose(qr, q @ M, atol=1e-9)):
+        return _NOT_LINEAR
+    if np.allclose(np.abs(M), 1 / math.sqrt(d), rtol=0, atol=1e-9):
+        return ""
+    nonzero = np.abs(M) > 1e-9
+    if (nonzero.sum(axis=1) == 1).all() and np.allclose(np.abs(M[nonzero]), 1.0):
+        return _PERMUTED
+    return _DENSE
 
 
 def _why_scores_moved(q, k, qr, kr, s, d) -> str:
@@ -368,8 +409,8 @@ def hadamard_rotation(fn, *, seed=None, out=print) -> Report:
     specs = [
         ("d=16, random q and k", n(r(4, 12), 16), n(r(4, 12), 16), "", False),
         ("N_q != N_k, d=64", n(r(3, 9), 64), n(r(20, 40), 64), "", False),
-        ("one channel 100x larger, d=64", chan, n(r(8, 24), 64), _PERMUTED, False),
-        ("one entry of 1000, d=128", spike, n(r(8, 24), 128), _PERMUTED, False),
+        ("one channel 100x larger, d=64", chan, n(r(8, 24), 64), _NOT_SPREAD, False),
+        ("one entry of 1000, d=128", spike, n(r(8, 24), 128), _NOT_SPREAD, False),
         ("rows equal to Hadamard rows, d=64", aligned, n(8, 64), _ALIGNED, False),
         ("the same input, two seeds, d=32", n(r(4, 12), 32), n(r(4, 12), 32), "", True),
     ]
