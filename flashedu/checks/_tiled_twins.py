@@ -4,8 +4,8 @@ top-left, NaN on rows that see no key, a wrong lse, P renormalised per tile, D l
 
 The graders of ch03.py (the forward), ch04.py (the backward) and ch05.py (both, inside an autograd
 Function) name a wrong answer by the twin it equals (the sentence they add to an "N_q x N_k array"
-shortcut, `with_rule`, is grading machinery and lives in _shared.py). Tested through the graders' planted bugs (tests/checks/test_ch03.py,
-ch04, ch05).
+shortcut, `with_rule`, is grading machinery and lives in _shared.py). Tested through the graders'
+planted bugs (tests/checks/test_ch03.py, ch04, ch05).
 """
 
 from __future__ import annotations
