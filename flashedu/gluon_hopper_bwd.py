@@ -60,14 +60,14 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 # (d, causal) -> (BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, and of the dQ
 # kernel (BLOCK_M queries per program, BLOCK_N keys a step). See GPU_NOTES.md, "Gluon backward".
 KV_CONFIGS = {
-    (64, False): (64, 64, 4, 2),
-    (64, True): (64, 64, 4, 2),
-    (128, False): (32, 64, 4, 2),
-    (128, True): (32, 64, 4, 2),
+    (64, False): (32, 64, 4, 2),
+    (64, True): (64, 64, 4, 3),
+    (128, False): (64, 64, 4, 2),
+    (128, True): (64, 64, 4, 2),
 }
 DQ_CONFIGS = {
-    (64, False): (64, 64, 4, 2),
-    (64, True): (64, 64, 4, 2),
+    (64, False): (64, 128, 4, 2),
+    (64, True): (64, 128, 4, 3),
     (128, False): (64, 64, 4, 2),
     (128, True): (64, 64, 4, 2),
 }

@@ -5,7 +5,8 @@ backends, and the ablation ladder, all written to one JSON file.
 Usage (repository root, on an sm_90 GPU):
     python3 scripts/h200_backward.py --out notebooks/results/h200_backward.json [--phases ...]
         [--budget SECONDS]
-Phases (default: all, in this order): correct, determinism, sweep, compare, ladder, headdims.
+Phases (default: all, in this order): correct, determinism, sweep, compare, ladder, auto,
+headdims.
 The JSON is rewritten after every phase, and no phase starts after --budget seconds, so a run cut
 short still leaves what it measured. About 6 minutes on an H200 for every phase.
 
@@ -178,8 +179,8 @@ def check(case, d, dtype, kwargs, gen, name):
 def phase_correct(res, gen):
     rows = res["correctness"]
     variants = dict(VARIANTS)
-    for d in (128, 64):  # every swept config on two hard cases too
-        for i, kw in enumerate(SWEEP[d]):
+    for d in (128, 64):  # every swept config on two hard cases too, when the sweep runs
+        for i, kw in enumerate(SWEEP[d] if "sweep" in PHASES_RUN else []):
             variants[f"sweep{d}_{i}"] = kw
     for name, kw in variants.items():
         ds = (128, 64) if not name.startswith("sweep") else (int(name[5:].split("_")[0]),)
@@ -438,6 +439,77 @@ def phase_ladder(res, gen):
                 )
 
 
+def check_auto(case, d, dtype, gen):
+    """flashedu.attention(impl="auto") through autograd: o and the three gradients."""
+    import flashedu
+
+    B, H, Hk, Nq, Nk, causal = case
+    q = rand((B, H, Nq, d), dtype, gen)
+    k, v = rand((B, Hk, Nk, d), dtype, gen), rand((B, Hk, Nk, d), dtype, gen)
+    do = rand((B, H, Nq, d), dtype, gen)
+    ro, rl, rg = ref_grads(q, k, v, do, causal)
+    sg = sdpa_grads(q, k, v, do, causal)
+    qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
+    o = flashedu.attention(qs, ks, vs, causal=causal)
+    g = torch.autograd.grad(o, (qs, ks, vs), do)
+    row = dict(variant="auto", case=list(case), d=d, dtype=DT[dtype])
+    ok = True
+    for gname, a, r, s_ in zip(("dq", "dk", "dv"), g, rg, sg):
+        row[f"{gname}_err"], row[f"{gname}_sdpa_err"] = err(a, r), err(s_, r)
+        ok = ok and bool(torch.isfinite(a).all())
+        ok = ok and row[f"{gname}_err"] <= 2 * row[f"{gname}_sdpa_err"] + ulp(r, dtype)
+    row["passed"] = bool(ok)
+    return row
+
+
+def phase_auto(res, gen):
+    """flashedu.attention(impl="auto"), forward + backward through autograd: correct on the hard
+    cases, then timed beside FLASH and cuDNN at N = 8192."""
+    import flashedu
+
+    for dtype in (BF16, FP16):
+        for d in (128, 64):
+            for case in (CASES[2], CASES[3], CASES[1], CASES[0]):
+                try:
+                    res["correctness"].append(check_auto(case, d, dtype, gen))
+                except Exception:
+                    tb = traceback.format_exc()[-800:]
+                    row = dict(variant="auto", case=list(case), d=d, dtype=DT[dtype],
+                               passed=False, error=tb)  # fmt: skip
+                    res["correctness"].append(row)
+                if not res["correctness"][-1]["passed"]:
+                    print("FAILED", json.dumps(res["correctness"][-1])[:1500], flush=True)
+    for dtype in (BF16, FP16):
+        for d in (128, 64):
+            shape, (q, k, v, do) = _inputs(d, dtype, gen)
+            for causal in (False, True):
+                qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+
+                def fb():
+                    o = flashedu.attention(qs, ks, vs, causal=causal)
+                    return torch.autograd.grad(o, (qs, ks, vs), do)
+
+                def fwd():
+                    return flashedu.attention(q, k, v, causal=causal)
+
+                _add(res, "auto", "flashedu_auto", "fwd", bench(fwd), shape, d, dtype, causal)
+                _add(res, "auto", "flashedu_auto", "fwd_bwd", bench(fb), shape, d, dtype, causal)
+                for name, be in (
+                    ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                    ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                ):
+
+                    def sf(be=be):
+                        with sdpa_kernel([be]):
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                q, k, v, is_causal=causal
+                            )
+
+                    _add(res, "auto", name, "fwd", bench(sf), shape, d, dtype, causal)
+                    _add(res, "auto", name, "fwd_bwd", bench(sdpa_fb(be, q, k, v, do, causal)),
+                         shape, d, dtype, causal)  # fmt: skip
+
+
 def phase_headdims(res, gen):
     """flashedu.attention(impl="auto") at head dims outside 64/128 beside FLASH and cuDNN."""
     import flashedu
@@ -481,7 +553,10 @@ PHASES = {
     "sweep": phase_sweep,
     "compare": phase_compare,
     "ladder": phase_ladder,
+    "auto": phase_auto,
+    "headdims": phase_headdims,
 }
+PHASES_RUN = []
 
 
 def main():
@@ -490,6 +565,7 @@ def main():
     ap.add_argument("--phases", nargs="*", default=list(PHASES))
     ap.add_argument("--budget", type=float, default=480)
     a = ap.parse_args()
+    PHASES_RUN.extend(a.phases)
     t0 = time.time()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(time.time_ns() % 2**31)
@@ -503,7 +579,8 @@ def main():
         kv_configs={str(k_): v_ for k_, v_ in gb.KV_CONFIGS.items()},
         dq_configs={str(k_): v_ for k_, v_ in gb.DQ_CONFIGS.items()},
         smem_p={str(k_): v_ for k_, v_ in gb.SMEM_P.items()},
-        correctness=[], determinism=[], sweep=[], rows=[], ladder=[], headdims=[], skipped=[],
+        correctness=[], determinism=[], sweep=[], rows=[], ladder=[], auto=[], headdims=[],
+        skipped=[],
         timings={},
     )  # fmt: skip
     mats = [rand((8192, 8192), BF16, gen) for _ in range(2)]
