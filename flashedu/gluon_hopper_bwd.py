@@ -463,6 +463,35 @@ def _gluon_bwd_dq(
 # ------------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------------
+def kv_query_blocks(n0, N_q, N_k, causal, block_m, block_n) -> tuple[int, int, int]:
+    """(first, first_full, end) query blocks of the dK/dV program whose keys start at n0: blocks
+    [first, first_full) need the causal mask, [first_full, end) none (rows past N_q are zero-filled
+    and get lse = +inf, hence P = 0). The same integer arithmetic as `_gluon_bwd_kv`, in Python."""
+    end = -(-N_q // block_m)
+    first = full = 0
+    if causal:
+        offset = N_k - N_q
+        first = min(max(n0 - offset, 0), N_q) // block_m
+        last = min(n0 + block_n, N_k) - 1
+        full = max(min(-(-max(last - offset, 0) // block_m), end), first)
+    return first, full, end
+
+
+def dq_key_blocks(m0, N_q, N_k, causal, block_m, block_n) -> tuple[int, int]:
+    """(n_full, n_blocks) key blocks of the dQ program whose rows start at m0: blocks [0, n_full)
+    unmasked, [n_full, n_blocks) causal-masked; keys past N_k are zero-filled (dS K gets nothing
+    from them). The same integer arithmetic as `_gluon_bwd_dq`, in Python."""
+    hi = N_k
+    full = N_k
+    if causal:
+        offset = N_k - N_q
+        last = min(m0 + block_m, N_q) - 1
+        hi = min(max(last + offset + 1, 0), N_k)
+        full = min(max(m0 + offset + 1, 0), N_k)
+    n_blocks = -(-hi // block_n)
+    return (min(full // block_n, n_blocks) if causal else n_blocks), n_blocks
+
+
 def check_config(cfg, kind="kv", name="gluon_hopper_bwd.backward") -> tuple:
     """cfg itself if the `kind` kernel ("kv" or "dq") can run it: (BLOCK_M, BLOCK_N, num_warps,
     num_stages), 4 or 8 warps, blocks powers of two from 32, the block that gives the wgmma its

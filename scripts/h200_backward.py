@@ -547,6 +547,63 @@ def phase_headdims(res, gen):
                      shape, d, BF16, causal)  # fmt: skip
 
 
+WIDE = dict(
+    fwd=[(64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 8, 2), (64, 64, 8, 2), (128, 64, 8, 2)],
+    dkdv=[(32, 64, 8, 2), (32, 32, 4, 2), (64, 64, 8, 1), (32, 64, 8, 1), (64, 32, 8, 2),
+          (16, 64, 4, 2)],
+    dq=[(32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 8, 2)],
+)  # fmt: skip
+
+
+def phase_wide(res, gen):
+    """FA2 kernels at d = 192 and 256, bf16, non-causal: each kernel's candidate tiles timed alone
+    (the other kernels at their table's first entry), each checked on a ragged causal case."""
+    from flashedu import triton_attention as fa2
+    from flashedu.triton_launch import plan
+
+    def cfg(t):
+        return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
+
+    for d in (192, 256):
+        shape = (4, 16, 4096)
+        B, H, N = shape
+        q, k, v, do = (rand((B, H, N, d), BF16, gen) for _ in range(4))
+        cq, ck, cv = rand((1, 4, 777, d), BF16, gen), rand((1, 2, 1301, d), BF16, gen), rand(
+            (1, 2, 1301, d), BF16, gen)  # fmt: skip
+        cdo = rand((1, 4, 777, d), BF16, gen)
+        _, _, rg = ref_grads(cq, ck, cv, cdo, True)
+        sg = sdpa_grads(cq, ck, cv, cdo, True)
+        for kind, cands in WIDE.items():
+            for t in cands:
+                row = dict(kernel=kind, d=d, config=list(t))
+                try:
+                    if kind == "fwd":
+                        fn = lambda t=t: fa2.forward(q, k, v, block_m=t[0], block_n=t[1],  # noqa: E731
+                                                     num_warps=t[2], num_stages=t[3])  # fmt: skip
+                        ro, rl, _ = ref_grads(cq, ck, cv, cdo, True)
+                        co, _ = fa2.forward(cq, ck, cv, causal=True, block_m=t[0], block_n=t[1],
+                                            num_warps=t[2], num_stages=t[3])  # fmt: skip
+                        row["err"], row["ok"] = err(co, ro), True
+                    else:
+                        o, lse = fa2.forward(q, k, v)
+                        pl = plan(q, k, v, False, None, None, None, None, "wide")
+                        a = cfg(t) if kind == "dkdv" else cfg(WIDE["dkdv"][0])
+                        b_ = cfg(t) if kind == "dq" else cfg(WIDE["dq"][0])
+                        fn = lambda a=a, b_=b_, o=o, lse=lse, pl=pl: fa2b.run_backward(  # noqa: E731
+                            do, q, k, v, o, lse, pl, a, b_, kernels=(kind,))  # fmt: skip
+                        co, clse = fa2.forward(cq, ck, cv, causal=True)
+                        cpl = plan(cq, ck, cv, True, None, None, None, None, "wide")
+                        g = fa2b.run_backward(cdo, cq, ck, cv, co, clse, cpl, a, b_)
+                        i = 0 if kind == "dq" else 1
+                        row["err"], row["sdpa_err"] = err(g[i], rg[i]), err(sg[i], rg[i])
+                        row["ok"] = row["err"] <= 2 * row["sdpa_err"] + ulp(rg[i], BF16)
+                    row["ms"] = bench(fn)
+                except Exception:
+                    row["error"] = traceback.format_exc()[-600:]
+                res["wide"].append(row)
+                print("wide", json.dumps(row)[:300], flush=True)
+
+
 PHASES = {
     "correct": phase_correct,
     "determinism": phase_determinism,
@@ -555,6 +612,7 @@ PHASES = {
     "ladder": phase_ladder,
     "auto": phase_auto,
     "headdims": phase_headdims,
+    "wide": phase_wide,
 }
 PHASES_RUN = []
 
@@ -580,7 +638,7 @@ def main():
         dq_configs={str(k_): v_ for k_, v_ in gb.DQ_CONFIGS.items()},
         smem_p={str(k_): v_ for k_, v_ in gb.SMEM_P.items()},
         correctness=[], determinism=[], sweep=[], rows=[], ladder=[], auto=[], headdims=[],
-        skipped=[],
+        wide=[], skipped=[],
         timings={},
     )  # fmt: skip
     mats = [rand((8192, 8192), BF16, gen) for _ in range(2)]
