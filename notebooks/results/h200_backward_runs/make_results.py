@@ -4,7 +4,9 @@ Run 3 (one H200 run, 2026-12-04 04:37 UTC) gives the committed correctness rows,
 ablation ladder, `flashedu.attention(impl="auto")` beside SDPA's FLASH and cuDNN, and the head-dim
 rows; run 2 (04:30 UTC, same kernels, the tiles then swept and kept) gives the backward-alone
 comparison (`rows`) and the tile sweep with per-kernel times. `ncu` holds the Nsight Compute
-figures read from ncu_bwd.txt (run 3's machine). Usage: python3 make_results.py
+figures read from ncu_bwd.txt (run 3's machine); `wide` and `gpu_tests` come from run 4 (04:49 UTC:
+the FA2 tiles at d = 192/256, and the GPU tests of tests/hopper/test_gluon_hopper_bwd.py).
+Usage: python3 make_results.py
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ def main():
                                 "(phases correct determinism sweep compare ladder)",
                                 matmul_bf16_tflops=r2["matmul_bf16_tflops"], rows=r2["rows"],
                                 sweep=r2["sweep"], best=r2["best"])  # fmt: skip
+    r4 = json.loads((HERE / "run4.json").read_text())
+    res["wide"] = dict(date=r4["date"], command="python3 scripts/h200_backward.py --phases wide",
+                       matmul_bf16_tflops=r4["matmul_bf16_tflops"], rows=r4["wide"],
+                       note="FA2 kernels at d = 192/256, bf16, B = 4, H = 16, N = 4096, "
+                       "non-causal; each kernel's tile timed alone; err and sdpa_err from a "
+                       "ragged causal case (1 x 4/2 heads, 777 x 1301)")  # fmt: skip
+    last = (HERE / "run4_pytest_gpu.log").read_text().split("\n")[-2]
+    res["gpu_tests"] = dict(date=r4["date"], command="python3 -m pytest -m gpu "
+                            "tests/hopper/test_gluon_hopper_bwd.py", result=last)  # fmt: skip
     res["ncu"] = dict(command="ncu --clock-control none --kernel-name "
                       "regex:'_gluon_bwd|bprop|dgrad|flash' --launch-count 6 --section "
                       "SpeedOfLight --section Occupancy --section WarpStateStats --section "
