@@ -15,19 +15,31 @@ per slot). Per query block the program runs, with P and dS transposed because it
                                    float32 dQ in global memory with one atomic per element
 
 with D = rowsum(dO * O) (`triton_backward.preprocess`). Five block matmuls per (query block, key
-block) pair with ATOMIC_DQ; without it four here and three more in `_gluon_bwd_dq`, a second
-kernel that owns BLOCK_M queries and streams the key blocks (S, dP, then dQ += dS K): no atomics,
-so the same bits on every run (`deterministic=True`).
+block) pair with ATOMIC_DQ; without it (the default, `dq_mode="separate"`) four here and three more
+in `_gluon_bwd_dq`, a second kernel that owns BLOCK_M queries and streams the key blocks (S, dP,
+then dQ += dS K): no atomics, so the same bits on every run (`deterministic=True` insists on it).
 
 Switches that make the steps of the backward's ablation ladder runnable from this one source
-(`backward(..., ladder=...)`): NUM_STAGES (1 = each query block's load waited for before its
-matmuls; 2 or more = the next blocks' loads in flight under the current block's matmuls) and
-OVERLAP (False = every wgmma waited for right after it is issued, as plain Triton 3.6 compiles a
-`tl.dot`; True = the schedule above, where the exponentials and the dS arithmetic run while the
-tensor cores work).
+(arguments of `backward`): NUM_STAGES, the last entry of `config` / `dq_config` (1 = each block's
+load waited for before its matmuls; 2 or more = the next blocks' loads in flight under the current
+block's matmuls); OVERLAP, `overlap=` (False = every wgmma waited for right after it is issued, as
+plain Triton 3.6 compiles a `tl.dot`; True = the schedule above, where the exponentials and the dS
+arithmetic run while the tensor cores work); `dq_mode=` (atomic or separate); and SMEM_P,
+`smem_p=` (P^T and dS^T handed to the dV and dK multiplies through shared memory instead of
+registers). `scripts/h200_backward.py` (LADDER) times them side by side.
 
 GQA: a program per query head; with H > H_kv each writes its own float32 dK, dV and the host sums
 the heads of a group (deterministic; no atomics on dK, dV).
+
+Measured on the H200 (notebooks/results/h200_backward.json; GPU_NOTES.md, "Gluon backward"; one
+run, backward alone, N = 8192, separate dQ): bf16 d = 128 406 TFLOP/s (causal 382) against the FA2
+backward's 353 (326) and cuDNN's 529 (507); d = 64 causal 311 against 299 and 403; d = 64 non-causal
+level with FA2 (0.99x), so `hopper_dispatch` keeps FA2 there. Atomic dQ is about 2x slower than the
+separate pass (17 GB of float32 partials added in L2 at that size) and stays an option. The tensor
+pipe is as busy as in cuDNN's kernel (ncu: 66 % and 81 % in the two kernels, 65 % in cuDNN's); the
+gap to cuDNN is the two extra matmuls of the dQ pass. Not here: a producer warp (warp
+specialisation), `setmaxnreg`, persistent scheduling, TMA bulk reductions of dQ (not exposed by
+Triton 3.6's Gluon).
 
 Contract: as `triton_hopper.forward`'s (fp16/bf16, d 64 or 128, GQA, bottom-right causal, any
 N_q, N_k >= 1); do and o (B, H, N_q, d); lse (B, H, N_q) float32 from the forward. Rows that see
