@@ -529,7 +529,7 @@ def check_config(cfg, kind="kv", name="gluon_hopper_bwd.backward") -> tuple:
     return tuple(cfg)
 
 
-def _views(q, k, v, do):
+def views(q, k, v, do):
     """3-D (batch * heads, N, d) views, each descriptor's tile then rows of one head."""
     B, H, N_q, d = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
@@ -603,7 +603,7 @@ def backward(
     group = H // H_kv
     delta = preprocess(o, do)
     lse = lse.contiguous()
-    q3, k3, v3, do3 = _views(q, k, v, do)
+    q3, k3, v3, do3 = views(q, k, v, do)
     atomic = dq_mode == "atomic"
     dq32 = torch.zeros((B, H, N_q, d), device=q.device, dtype=torch.float32) if atomic else None
     if group == 1:

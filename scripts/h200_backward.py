@@ -289,7 +289,7 @@ def _kernel_ms(q, k, v, do, o, lse, causal, kw):
     """The dK/dV kernel and the dQ kernel timed alone (separate mode)."""
     B, H, N_q, d = q.shape
     scale = d**-0.5
-    q3, k3, v3, do3 = gb._views(q, k, v, do)
+    q3, k3, v3, do3 = gb.views(q, k, v, do)
     delta = fa2b.preprocess(o, do)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq = torch.empty_like(q)

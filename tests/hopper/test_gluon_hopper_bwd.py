@@ -288,3 +288,27 @@ def test_gpu_deterministic_mode_gives_the_same_bits_every_run(causal):
     runs = [gb.backward(do, q, k, v, o, lse, causal=causal, deterministic=True) for _ in range(3)]
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
+
+
+# ------------------------------------------------------------------------------------------------
+# The recorded results and the ladder table
+# ------------------------------------------------------------------------------------------------
+def test_backward_results_load_and_the_ladder_table_reads_the_file(tmp_path):
+    from flashedu import hopper_results as hr
+
+    assert hr.load_backward(tmp_path / "absent.json") is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="lacks ladder, correctness"):
+        hr.load_backward(bad)
+    res = hr.load_backward()
+    assert res is not None and all(r["passed"] for r in res["correctness"])
+    assert all(r["bitwise_identical"] for r in res["determinism"] if r["variant"] != "atomic")
+    table = hr.ladder_table(res)
+    lines = table.splitlines()
+    assert max(map(len, lines)) < 100
+    assert lines[1].startswith("fa2") and lines[1].count("1.00x") == 4
+    first = next(r for r in res["ladder"] if r["kernel"] == "gluon_overlap" and r["d"] == 128
+                 and not r["causal"])  # fmt: skip
+    assert f"{first['tflops']:5.0f}" in next(x for x in lines if x.startswith("gluon_overlap"))
+    assert "not built - warp_specialize" in table
