@@ -26,7 +26,7 @@ block's matmuls); OVERLAP, `overlap=` (False = every wgmma waited for right afte
 plain Triton 3.6 compiles a `tl.dot`; True = the schedule above, where the exponentials and the dS
 arithmetic run while the tensor cores work); `dq_mode=` (atomic or separate); and SMEM_P,
 `smem_p=` (P^T and dS^T handed to the dV and dK multiplies through shared memory instead of
-registers). `scripts/h200_backward.py` (LADDER) times them side by side.
+registers). `scripts/hopper/h200_backward.py` (LADDER) times them side by side.
 
 GQA: a program per query head; with H > H_kv each writes its own float32 dK, dV and the host sums
 the heads of a group (deterministic; no atomics on dK, dV).

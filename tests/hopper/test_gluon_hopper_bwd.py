@@ -210,7 +210,7 @@ def test_block_ranges_skip_what_no_row_sees_and_mask_only_the_diagonal():
 _COMPILE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from scripts.compile_gluon_bwd import compile_kernel
+from scripts.hopper.compile_gluon_bwd import compile_kernel
 from flashedu import gluon_hopper_bwd as gb
 out = []
 cases = [("kv", 64, True), ("dq", 64, False), ("kv", 128, False), ("dq", 128, True)]

@@ -1,7 +1,7 @@
 """Compile the Gluon backward kernels for sm_90a without a GPU and print ptxas's resource report.
 
-Usage: TRITON_INTERPRET=0 python scripts/compile_gluon_bwd.py [kv|dq] D CAUSAL BM BN WARPS STAGES
-       [atomic|separate] [overlap|serial]
+Usage: TRITON_INTERPRET=0 python scripts/hopper/compile_gluon_bwd.py [kv|dq] D CAUSAL BM BN WARPS
+       STAGES [atomic|separate] [overlap|serial] [reg|smem]
 Prints one JSON line: registers, spill bytes, shared memory, counts of wgmma / waits / TMA copies
 in the PTX, and whether ptxas serialised the wgmma pipeline.
 """
@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

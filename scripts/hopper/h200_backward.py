@@ -3,8 +3,9 @@ same inputs), bitwise determinism, then timings beside the FA2 backward and SDPA
 backends, and the ablation ladder, all written to one JSON file.
 
 Usage (repository root, on an sm_90 GPU):
-    python3 scripts/h200_backward.py --out notebooks/results/h200_backward.json [--phases ...]
-        [--budget SECONDS]
+    python3 scripts/hopper/h200_backward.py --out RESULT.json [--phases ...] [--budget SECONDS]
+then `python3 scripts/hopper/make_backward_results.py` (after copying the raw runs into
+notebooks/results/h200_backward_runs/) rebuilds notebooks/results/h200_backward.json.
 Phases (default: all, in this order): correct, determinism, sweep, compare, ladder, auto,
 headdims.
 The JSON is rewritten after every phase, and no phase starts after --budget seconds, so a run cut
@@ -30,7 +31,7 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

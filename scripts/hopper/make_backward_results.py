@@ -1,4 +1,5 @@
-"""Rebuild notebooks/results/h200_backward.json from the raw runs beside this file.
+"""Rebuild notebooks/results/h200_backward.json from the raw runs in
+notebooks/results/h200_backward_runs/.
 
 Run 3 (one H200 run, 2026-12-04 04:37 UTC) gives the committed correctness rows, determinism, the
 ablation ladder, `flashedu.attention(impl="auto")` beside SDPA's FLASH and cuDNN, and the head-dim
@@ -6,7 +7,7 @@ rows; run 2 (04:30 UTC, same kernels, the tiles then swept and kept) gives the b
 comparison (`rows`) and the tile sweep with per-kernel times. `ncu` holds the Nsight Compute
 figures read from ncu_bwd.txt (run 3's machine); `wide` and `gpu_tests` come from run 4 (04:49 UTC:
 the FA2 tiles at d = 192/256, and the GPU tests of tests/hopper/test_gluon_hopper_bwd.py).
-Usage: python3 make_results.py
+Usage: python3 scripts/hopper/make_backward_results.py
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import json
 import re
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "notebooks" / "results" / "h200_backward_runs"
 OUT = HERE.parent / "h200_backward.json"
 
 
@@ -49,6 +51,7 @@ def main():
     res["command"] = (
         "python3 scripts/h200_backward.py --phases correct determinism ladder auto headdims"
     )
+    res["script"] = "scripts/hopper/h200_backward.py (run from scripts/ when recorded)"
     res["matmul_bf16_tflops"] = r3["matmul_bf16_tflops"]
     res["kv_configs"], res["dq_configs"] = r3["kv_configs"], r3["dq_configs"]
     for key in ("correctness", "determinism", "ladder", "auto", "headdims"):

@@ -3,7 +3,7 @@ bf16, B = 2, H = 16, N = 8192, d = 128, non-causal.
 
 Usage: ncu --clock-control none --kernel-name regex:'_gluon_bwd|bprop|dgrad' --launch-skip 0
     --launch-count 4 --section SpeedOfLight --section Occupancy --section WarpStateStats
-    --section ComputeWorkloadAnalysis --section LaunchStats python3 scripts/ncu_backward.py
+    --section ComputeWorkloadAnalysis --section LaunchStats python3 scripts/hopper/ncu_backward.py
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
