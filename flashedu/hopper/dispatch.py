@@ -6,9 +6,10 @@ sm_90 GPU at a head dim where the Gluon forward was measured faster than the FA2
 for q, k and v, CUDA tensors on sm_90, or CPU tensors under TRITON_INTERPRET=1) the forward is a
 Hopper kernel: the Gluon one (`gluon_fwd`, FA3's overlap written out) on the GPU, the Triton one
 (`triton_fwd`) under the interpreter, which cannot run Gluon. Everything else, and every
-backward, goes to the FA2 kernels (`flashedu.kernels`) with the same arguments and contract: on
-the H200 the FA2 backward was faster than `triton_bwd`'s one-pass kernel
-(GPU_NOTES.md, "Hopper backward").
+backward, goes to the FA2 kernels (`flashedu.kernels`) with the same arguments and contract,
+except the backward at the (head dim, mask) pairs of BWD_MEASURED_FASTER, which runs the Gluon
+backward (`gluon_bwd`: a dK/dV kernel and a dQ kernel, deterministic), measured faster than the
+FA2 backward there (GPU_NOTES.md, "Gluon backward").
 
 Introduced in notebooks/11_hopper.ipynb.
 """
@@ -22,8 +23,11 @@ from .._nonfinite import poison_hidden_values
 from . import triton_fwd
 
 # Head dims where the Gluon forward beat the FA2 forward in one H200 run (round 4 in GPU_NOTES.md,
-# bf16 and fp16, causal and not: 1.04x to 1.13x); forward + backward were level (same backward).
+# bf16 and fp16, causal and not: 1.04x to 1.13x).
 MEASURED_FASTER = (64, 128)
+# (head dim, causal) where the Gluon backward (`gluon_bwd`, deterministic dQ pass) beat the
+# FA2 backward on the H200 (GPU_NOTES.md, "Gluon backward"); elsewhere the FA2 backward runs.
+BWD_MEASURED_FASTER = ((128, False), (128, True), (64, True))
 
 
 def takes(q, k, v) -> bool:
@@ -65,8 +69,14 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, **options):
 
 
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, **options):
-    """(dq, dk, dv) by `kernels.backward`, the faster backward on the H200 (the forward's
-    o and lse are the same quantities whichever forward made them)."""
+    """(dq, dk, dv) by the Gluon backward on an sm_90 GPU where it measured faster
+    (BWD_MEASURED_FASTER), else by `kernels.backward` (the forward's o and lse are the same
+    quantities whichever forward made them)."""
+    fast = (q.shape[-1], bool(causal)) in BWD_MEASURED_FASTER
+    if not options and fast and not triton_fwd.interpreting() and takes(q, k, v):
+        from . import gluon_bwd  # Gluon is imported only where it runs
+
+        return gluon_bwd.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale)
     return kernels.backward(
         do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale, **options
     )

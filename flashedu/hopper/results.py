@@ -101,3 +101,56 @@ def plot_steps(result: dict, ax=None, *, cudnn: float | None = None):
     ax.set_ylabel("forward TFLOP/s")
     ax.legend(fontsize=8, loc="lower right")
     return ax
+
+
+# ------------------------------------------------------------------------------------------------
+# The backward: notebooks/results/h200_backward.json (scripts/hopper/h200_backward.py)
+# ------------------------------------------------------------------------------------------------
+BACKWARD_RESULTS = RESULTS.parent / "h200_backward.json"
+
+
+def load_backward(path: str | Path | None = None) -> dict | None:
+    """The measured Gluon backward results (`ladder`, `auto`, `correctness`, `determinism`,
+    `backward_rows`, `ncu`, ...), or None if the file is absent.
+
+    Introduced in notebooks/11_hopper.ipynb.
+    """
+    p = Path(path) if path is not None else BACKWARD_RESULTS
+    if not p.exists():
+        return None
+    data = json.loads(p.read_text())
+    missing = [k for k in ("ladder", "correctness", "matmul_bf16_tflops") if k not in data]
+    if missing:
+        raise ValueError(f"{p.name}: not a backward results file, it lacks {', '.join(missing)}")
+    return data
+
+
+def ladder_table(result: dict) -> str:
+    """The backward's ablation ladder from one run: one line per step with the backward's TFLOP/s
+    for each (head dim, mask) measured and its ratio to the first step (the FA2 kernels); then
+    what each step changes, and the steps the file lists as not built, with the reason. Under 100
+    columns.
+
+    Introduced in notebooks/11_hopper.ipynb.
+    """
+    rows = result["ladder"]
+    settings = sorted({(r["d"], r["causal"]) for r in rows}, key=lambda s: (-s[0], s[1]))
+    steps = list(dict.fromkeys(r["kernel"] for r in rows))
+    rate = {(r["kernel"], r["d"], r["causal"]): r["tflops"] for r in rows}
+    heads = [f"d={d}{' causal' if c else ''}" for d, c in settings]
+    lines = [f"{'step':<22}" + "".join(f"{h:>14}" for h in heads)]
+    for step in steps:
+        cells = []
+        for d, c in settings:
+            x, base = rate.get((step, d, c)), rate.get((steps[0], d, c))
+            ok = isinstance(x, (int, float)) and x == x
+            ratio = f"{x / base:.2f}x" if ok and base else ""
+            cells.append(f"{x:5.0f} {ratio:>6}" if ok else "-")
+        lines.append(f"{step[:21]:<22}" + "".join(f"{c:>14}" for c in cells))
+    lines.append("TFLOP/s of the backward alone (10 B H N^2 d, halved when causal); x = over fa2.")
+    for step in steps:
+        what = next((r.get("what", "") for r in rows if r["kernel"] == step), "")
+        lines.append(f"  {step}: {what}"[:99])
+    for miss in result.get("ladder_not_built", []):
+        lines.append(f"  not built - {miss['step']}: {miss['why']}"[:99])
+    return "\n".join(lines)

@@ -363,7 +363,9 @@ def dq_table(d, wide):
         return [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
-    return [(32, 32, 4, 2)]
+    # d 129-256: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward", run 4:
+    # 3.39 ms at d = 192 against 9.04 for the former (32, 32, 4, 2))
+    return [(128, 32, 8, 2)]
 
 
 _attn_bwd_dkdv_tuned = autotuned(attn_bwd_dkdv, dkdv_table, MASK_KEY)

@@ -206,7 +206,9 @@ def fwd_table(d, wide):
         return [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4)]
-    return [(64, 32, 4, 3)]
+    # d 129-256: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward", run 4:
+    # 2.01 ms at d = 192 against 3.46 for the former (64, 32, 4, 3))
+    return [(128, 64, 8, 2)]
 
 
 _attn_fwd_tuned = autotuned(_attn_fwd, fwd_table, MASK_KEY)
