@@ -57,7 +57,7 @@ from ._limits import (
 )
 from ._method import forbid_flashedu
 from ._report import WIDTH, candidates, choose, lead_block, same, table  # noqa: F401
-from ._shared import Shortcut, solution_function  # noqa: F401  (solution_function: re-exported)
+from ._shared import Shortcut, solution_function
 
 
 @dataclass

@@ -33,7 +33,7 @@ def stage_specs(rng, hints: dict, bs: int = BLOCK) -> list[tuple]:
     """(label, (B, H, H_kv, N_q, N_k, d), dtype, causal, hint, (block_m, block_n)) for the six
     stages, simplest first, sizes drawn around the block size bs; hints: stage -> what to look at
     when a case fails."""
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     rq, rk = bs * r(1, 2) + r(1, bs - 1), bs * r(2, 3) + r(1, bs - 1)
     cq = bs + r(1, bs - 1)
     ck = cq + bs + r(1, bs - 1)

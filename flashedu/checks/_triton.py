@@ -198,7 +198,7 @@ def _is_stub(obj) -> bool:
             obj(*[None] * len(required))
     except NotImplementedError:
         return True
-    except Exception:  # noqa: BLE001  (a real function given placeholders: not a stub)
+    except Exception:
         return False
     return False
 
@@ -228,7 +228,7 @@ def runnable(kernel):
             raise Shortcut(RESTART)
     try:
         return InterpretedFunction(kernel.fn)
-    except Exception as e:  # noqa: BLE001  (no source to re-make it from)
+    except Exception as e:
         raise Shortcut(RESTART) from e
 
 

@@ -126,7 +126,7 @@ def online_softmax(fn, *, seed=None, out=print):
     (M, N) once (`blocks.shape` is x's); return each row's max m (M,) and l = sum_j exp(x_j - m)
     (M,), in one pass. A row of -inf gives m = -inf, l = 0."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     M, N, b = r(2, 5), r(9, 40), r(3, 5)
     rising = np.sort(rng.standard_normal((r(2, 4), r(8, 16))) * 20, axis=1)
     huge = rng.standard_normal((r(2, 4), r(6, 12)))
@@ -220,7 +220,7 @@ def merge_states(fn, *, seed=None, out=print):
     each state (m (R,), l (R,), o (R, d)) with m = max score, l = sum exp(s - m),
     o = sum exp(s - m) v (unnormalised)."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     R, d = r(2, 5), r(2, 6)
     a, b = _states(rng, R, r(2, 9), r(2, 9), d)
     far_a, far_b = _states(rng, R, r(2, 6), r(2, 6), d, shift_a=1e4)

@@ -89,7 +89,7 @@ def tiled_attention(fn, *, seed=None, out=print):
     k and v (N_k, d) float64, scale 1/sqrt(d), o (N_q, d), lse (N_q,) natural-log, never an
     N_q x N_k array."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bm, bn = r(3, 5), r(4, 7)
     n_q, n_k = r(3, 6) * bm + r(1, bm - 1), r(3, 6) * bn + r(1, bn - 1)  # never block multiples
     e = r(3, 8)
@@ -172,7 +172,7 @@ def fa2_hbm_bytes(fn, *, seed=None, out=print):
     the FA2-order tiled forward of one (batch, head), no mask: Q read once, K and V once per query
     block, O written once, lse written once in float32 (4 bytes per row)."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
 
     def expected(N_q, N_k, d, bm, bn, e):
         return traffic.flash_forward(

@@ -74,7 +74,7 @@ def softmax_backward(fn, *, seed=None, out=print):
     """Grade `fn(p, dp) -> ds`: for P = softmax(S) row by row and dP = dL/dP, both (M, N)
     float64, return dS = dL/dS."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     M, N, R1, N1 = r(5, 9), r(2, 4), r(3, 6), r(7, 12)
     specs = [
         ("one row, two entries", _softmax_rows(rng, 1, 2)),
@@ -174,7 +174,7 @@ def tiled_attention_backward(fn, *, seed=None, out=print):
     head: q, do, o (N_q, d); k, v (N_k, d); lse (N_q,) from the forward; scale 1/sqrt(d);
     float64; never an N_q x N_k array."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bm, bn = r(3, 5), r(4, 7)
     n_q, n_k, e = r(3, 5) * bm + r(1, bm - 1), r(3, 5) * bn + r(1, bn - 1), r(3, 8)
     lbm, lbn = r(9, 16), r(9, 14)  # the method case: many key blocks, both lengths ragged

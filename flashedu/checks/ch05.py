@@ -233,7 +233,7 @@ def check_autograd_function(fn, *, seed=None, out=print) -> Report:
     or made on the way, no key tile wider than block_n, one pass over the keys in the forward,
     no fused attention, no flashedu implementation called."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bm, bn = r(4, 6), r(3, 5)
     n = 3 * max(bm, bn) + r(1, 2)
     lbm, lbn = r(9, 16), r(9, 14)  # the method case: many key blocks, both lengths ragged

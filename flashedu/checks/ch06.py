@@ -74,7 +74,7 @@ def triton_scores(kernel, *, seed=None, out=print):
     (causal: j <= i + N_k - N_q). The grader launches it (`triton_exercises.launch_scores`) with
     its own blocks into a NaN-filled s, and checks that each program stored its own tile."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bs = _kernel_cases.BLOCK
     n_q, n_k = bs * r(2, 3) + r(1, bs - 1), bs * r(2, 4) + r(1, bs - 1)  # never block multiples
     specs = [  # (label, (N_q, N_k, d), causal, blocks, what is wrong when no known mistake matches)
@@ -160,7 +160,7 @@ def kv_block_range(fn, *, seed=None, out=print):
     block); keys outside [lo, hi) are never loaded, and a block of rows that sees nothing gets
     lo == hi."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bm, bn = 64, 32 * r(1, 2)
     n = bm * r(4, 8)
     i = r(1, n // bm - 2) * bm

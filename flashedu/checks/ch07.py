@@ -50,7 +50,7 @@ def bwd_preprocess(kernel, *, seed=None, out=print):
     rows of one (batch, head). The grader launches it (`triton_exercises.launch_preprocess`) with
     its own BLOCK_M into a NaN-filled delta."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bs = _kernel_cases.BLOCK
     specs = [  # (label, (B, H, N, d), input scale, BLOCK_M, what is wrong when nothing matches)
         ("one block of rows", (1, 1, r(2, bs - 1), 32), 1.0, bs, "one block of rows is wrong"),
@@ -113,7 +113,7 @@ def recompute_probabilities(kernel, *, seed=None, out=print):
     rows with lse = -inf, one program per (BLOCK_M, BLOCK_N) tile. The grader launches it
     (`triton_exercises.launch_probabilities`) with its own blocks into a NaN-filled p."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bs = _kernel_cases.BLOCK
     n_q, n_k = bs * r(2, 3) + r(1, bs - 1), bs * r(2, 4) + r(1, bs - 1)
     specs = [  # (label, (N_q, N_k, d), causal, input scale, blocks, what is wrong otherwise)

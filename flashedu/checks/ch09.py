@@ -44,7 +44,7 @@ def _same(got, expected):
 def _block_specs(rng):
     """(label, rows, cols, N_q, N_k, causal, window_size, hint) with fresh sizes; each targets one
     mistake."""
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bm, bn, n, e, left = (
         r(2, 5),
         r(2, 5),
@@ -205,7 +205,7 @@ def _long_specs(rng):
     """(label, rows, cols, N_q, N_k, causal, window_size, hint): sequences thousands of keys
     long and blocks of hundreds, where a table of visible pairs (N_q x N_k, or one block's
     rows x keys) is far larger than the grader's limit of 8 (N_q + N_k) elements."""
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     n, bm, bn, left = r(3000, 5000), r(200, 300), r(200, 300), r(900, 1200)
     r0 = r(3 * bm, n - 2 * bm)
     return [
@@ -627,7 +627,7 @@ def ring_bytes(fn, *, seed=None, out=print):
     """Grade `fn(B, H, H_kv, N_k, d, world_size, itemsize) -> list[int]`: bytes sent over all ring
     links at each step of the ring forward (one entry per step, world_size steps)."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     specs = [  # (label, (B, H, H_kv, N_k, d, world_size, itemsize))
         ("2 ranks, fp16", (1, 1, 1, 2 * r(8, 64), 64, 2, 2)),
         ("4 ranks, fp32", (2, 4, 4, 4 * r(8, 64), 32, 4, 4)),

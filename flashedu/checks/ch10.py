@@ -201,7 +201,7 @@ def _mask_case(label, rng, params, want: np.ndarray, mistakes: dict, hint: str, 
     """A mask-mod case on fresh (1, H, N, N) inputs; want and mistakes are (N, N) bool masks."""
     N = want.shape[0]
     q, k, v = _qkv(rng, 1, H, N)
-    full = lambda m: np.broadcast_to(m, (1, H, N, N))  # noqa: E731
+    full = lambda m: np.broadcast_to(m, (1, H, N, N))
 
     def variant(bad):
         return lambda: (full(bad), reference.forward(q, k, v, attn_mask=bad)[0])
@@ -345,7 +345,7 @@ def _long_case(label, fn, kind, params, N, pts, want, lesson, hint, score=None) 
             where, shape = found
             raise Shortcut(f"the mod reads a {shape_text(shape)} table ({where}): {lesson}")
         got = []
-        t = lambda x: torch.tensor(int(x))  # noqa: E731
+        t = lambda x: torch.tensor(int(x))
         try:
             with forbid_flashedu(), watch_arrays(limit) as w2:
                 for p, (h, i, j) in enumerate(pts):

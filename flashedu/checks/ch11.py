@@ -264,7 +264,7 @@ def fp8_block_quantize(fn, *, seed=None, out=print) -> Report:
     rng = rng_for(seed)
     g = torch.Generator().manual_seed(int(rng.integers(2**31)))
     block, d = int(rng.choice([16, 32, 64])), int(rng.choice([16, 32, 64]))
-    randn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g)
     mags = torch.tensor([1e-3, 1.0, 1e2, 1e4]).repeat_interleave(block)[:, None]
     outlier = randn(3 * block, d)
     outlier[block + int(rng.integers(block)), int(rng.integers(d))] = 1e3
@@ -399,8 +399,8 @@ def hadamard_rotation(fn, *, seed=None, out=print) -> Report:
     two -> (q @ M, k @ M) with M = diag(s) H / sqrt(d), H the Sylvester Hadamard matrix and s random
     signs drawn from `seed`."""
     rng = rng_for(seed)
-    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
-    n = lambda *s: rng.standard_normal(s)  # noqa: E731
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))
+    n = lambda *s: rng.standard_normal(s)
     chan = n(r(8, 24), 64)
     chan[:, r(0, 63)] *= 100
     spike = n(r(8, 24), 128)

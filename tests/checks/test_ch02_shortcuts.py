@@ -87,7 +87,7 @@ def _torch_row(blocks):
     return m.numpy(), torch.exp(x - ref[:, None]).sum(dim=1).numpy()
 
 
-def _memmap_row(blocks, tmp=[]):  # noqa: B006 (a learner's scratch file)
+def _memmap_row(blocks, tmp=[]):
     """The row written to a memory-mapped file block by block, then read back whole."""
     import tempfile
 

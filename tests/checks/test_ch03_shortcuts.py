@@ -170,7 +170,7 @@ def _sdpa(q, k, v, *, causal=False, block_m, block_n):
     return o[0, 0].nan_to_num().numpy(), np.zeros(N_q)
 
 
-def _memmap_scores(q, k, v, *, causal=False, block_m, block_n, scratch=[]):  # noqa: B006
+def _memmap_scores(q, k, v, *, causal=False, block_m, block_n, scratch=[]):
     """Scores written tile by tile into a memory-mapped file, then a plain softmax over it."""
     N_q, N_k = q.shape[0], k.shape[0]
     scratch.append(tempfile.NamedTemporaryFile(suffix=".dat"))

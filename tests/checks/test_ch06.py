@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 from fixtures.learner_kernels import my_flash_forward, my_scores_kernel, planted
 from fixtures.planted_forward import bad_forward
 from fixtures.planted_tiles import bad_scores

@@ -17,7 +17,7 @@ import types
 
 import pytest
 import torch
-import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
+import triton
 from fixtures import shortcut_kernels as sk
 from fixtures.learner_kernels import my_flash_forward, my_scores_kernel, planted
 from fixtures.planted_forward import bad_forward

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton  # noqa: E402  (flashedu has set the interpreter flag when there is no GPU)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 from fixtures.learner_kernels import (
     my_dkdv,
     my_dq,

@@ -130,7 +130,7 @@ def test_split_kv_decode_rejects_decoding_without_a_split():
 
     report, text = _decode(unsplit, 5, _combine)
     assert report.diagnosis.startswith("called flashedu.reference.forward"), text
-    split = lambda q, k, v: decoding.partial_state(q, k, v, (0, k.shape[2]), scale=1.0)  # noqa: E731
+    split = lambda q, k, v: decoding.partial_state(q, k, v, (0, k.shape[2]), scale=1.0)
     report, _ = _decode(split, 5, _combine)
     assert report.diagnosis.startswith("called flashedu.decoding.partial_state")
 

@@ -232,7 +232,7 @@ def test_rotation_bugs_are_named(bug):
 
 
 def test_rotation_without_seed_dependence_is_named():
-    fixed = lambda q, k, s: _rotate(q, k, 0)  # noqa: E731
+    fixed = lambda q, k, s: _rotate(q, k, 0)
     report, text = run_grader(checks.hadamard_rotation, fixed, seed=8)
     assert not report.passed and "draw the random signs from the seed" in text, text
 
