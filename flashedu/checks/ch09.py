@@ -29,7 +29,7 @@ from .. import decoding, reference, ring
 from ..testing import Tolerance, random_qkv
 from ._core import Case, compare, grade, grader, rng_for, same
 from ._shared import Shortcut
-from ._watch import find_large_local, shape_text, watch_arrays
+from ._watch import shape_text, watch_arrays
 
 __all__ = ["block_kind", "split_kv_decode", "ring_bytes"]
 
@@ -294,7 +294,7 @@ def _small_call(rows, cols, N_q, N_k, kw):
                 raise
             shape = w.largest_shape if w.largest_elems >= limit else None
             if shape is None:  # NumPy memory made from scalars: find the array among the locals
-                shape = find_large_local(fn, (rows, cols, N_q, N_k), kw, limit)
+                shape = _find_large_local(fn, (rows, cols, N_q, N_k), kw, limit)
             if shape is not None:
                 made = f"built a {shape_text(shape)} array"
             else:
@@ -303,6 +303,35 @@ def _small_call(rows, cols, N_q, N_k, kw):
             raise Shortcut(f"{made} {where}: {_TABLE}") from None
 
     return call
+
+
+def _find_large_local(fn, args, kwargs, limit_elems: int) -> tuple | None:
+    """Rerun fn with a line tracer: the shape of the first local NumPy array of the learner's code
+    with at least limit_elems elements (where the memory total alone cannot say which array it
+    was)."""
+    found: list[tuple] = []
+
+    def local(frame, event, arg):
+        if not found and event in ("line", "return"):
+            for v in list(frame.f_locals.values()):
+                if isinstance(v, np.ndarray) and v.size >= limit_elems:
+                    found.append(v.shape)
+                    break
+        return local
+
+    def call(frame, event, arg):
+        name = frame.f_code.co_filename
+        return None if ("site-packages" in name or name.startswith(_PACKAGE)) else local
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        fn(*args, **kwargs)
+    except Exception:
+        pass
+    finally:
+        sys.settrace(previous)
+    return found[0] if found else None
 
 
 @grader("flashedu.decoding.block_kind", formula=_BLOCK_FORMULA)
