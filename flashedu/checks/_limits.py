@@ -169,6 +169,16 @@ def _alarm(seconds: float):
             signal.setitimer(signal.ITIMER_REAL, *old_timer)
 
 
+def _exiting(target: int) -> bool:
+    """Whether thread `target` is running `_watchdog`'s own code (its exit): no exception then."""
+    frame = sys._current_frames().get(target)
+    while frame is not None:
+        if frame.f_code is _WATCHDOG_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def _watchdog(seconds: float):
     target, done = threading.get_ident(), threading.Event()
@@ -177,7 +187,8 @@ def _watchdog(seconds: float):
     def watch():
         wait = seconds
         while not done.wait(wait):
-            raise_in(ctypes.c_ulong(target), ctypes.py_object(TimeLimitExceeded))
+            if not _exiting(target):  # an exception in the exit would leave this thread firing
+                raise_in(ctypes.c_ulong(target), ctypes.py_object(TimeLimitExceeded))
             wait = REFIRE_SECONDS
 
     thread = threading.Thread(target=watch, name="flashedu-time-limit", daemon=True)
@@ -185,9 +196,17 @@ def _watchdog(seconds: float):
     try:
         yield
     finally:
-        done.set()
-        thread.join()
-        raise_in(ctypes.c_ulong(target), None)  # drop one raised but not yet delivered
+        while True:  # one exception may still land here, between the check and the raise
+            try:
+                done.set()
+                thread.join()
+                raise_in(ctypes.c_ulong(target), None)  # drop one raised but not yet delivered
+                break
+            except TimeLimitExceeded:
+                continue
+
+
+_WATCHDOG_CODE = _watchdog.__wrapped__.__code__
 
 
 def time_limit(seconds: float):

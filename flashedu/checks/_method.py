@@ -35,6 +35,7 @@ import ast
 import inspect
 import sys
 import textwrap
+import threading
 import types
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable
@@ -561,6 +562,12 @@ def _trace(frame, event, arg):
 
 
 def _start_trace(table) -> None:
+    """On the main thread only (where notebook cells and the checks CLI grade): off it, the time
+    limit stops a learner's loop with an asynchronous exception (`_limits._watchdog`), which a
+    Python trace function in the same thread can swallow, leaving the grader hung. There, copies
+    of the package's code are still caught where they are patched, not by their code."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     _PREVIOUS[:] = [sys.gettrace()]
     sys.settrace(_trace)
 
