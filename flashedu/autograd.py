@@ -57,7 +57,8 @@ def get_impl(name) -> Implementation:
     except ModuleNotFoundError as e:
         if is_triton_missing(e):
             raise TritonUnavailable(f"impl={name!r}") from None
-        what = "its module" if e.name == impl.module_name else f"the package {e.name!r} it needs"
+        own = (e.name or "").split(".")[0] == "flashedu"
+        what = "its module" if own else f"the package {e.name!r} it needs"
         raise ImportError(f"impl={name!r} is not available: {what} cannot be imported ({e})") from e
     return impl
 

@@ -97,6 +97,25 @@ def test_the_course_prints_commands_to_check():
     assert any(c.startswith("make lab") for _, c in COMMANDS), COMMANDS
 
 
+# The README's manual install (its "Installing" section): the standard library's venv and pip.
+_INSTALLERS = {"venv", "pip"}
+
+
+def _installer_runs(where: str, command: str, module: str, words: list[str]) -> None:
+    """`python -m venv DIR` and `python -m pip install ...`: the files they read are the project's
+    own (-r/-c files, the `.` of an editable install) and every option is pip's."""
+    if module == "venv":
+        assert len(words) == 1 and not words[0].startswith("-"), f"{where}: `{command}`"
+        return
+    assert words[:1] == ["install"], f"{where}: `{command}`: the course only prints pip install"
+    known = {"-r", "-c", "-e", "--no-deps", "--index-url", "--extra-index-url", "--upgrade"}
+    for before, word in zip([""] + words, words):
+        if word.startswith("-"):
+            assert word.split("=")[0] in known, f"{where}: `{command}`: pip option {word}?"
+        elif before in ("-r", "-c", "-e"):
+            assert (ROOT / word).exists(), f"{where}: `{command}`: no file {word}"
+
+
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}: {c}" for w, c in COMMANDS])
 def test_a_printed_command_runs_as_printed(where, command):
     if command.startswith("make"):
@@ -104,6 +123,9 @@ def test_a_printed_command_runs_as_printed(where, command):
         assert target in _targets(), f"{where}: `{command}`: the Makefile has no target {target!r}"
         return
     module, *args = _PY.search(command).group(1, 2)
+    if module in _INSTALLERS:
+        _installer_runs(where, command, module, args[0].split())
+        return
     assert module.startswith("flashedu"), f"{where}: `{command}` runs a module outside the course"
     assert importlib.util.find_spec(module) is not None, f"{where}: `{command}`: no module {module}"
     text = _help(module)

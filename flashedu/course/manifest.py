@@ -18,13 +18,15 @@ expected:
 - each listed module imports and its docstring names the notebook that introduces it
   (one book.toml lists);
 - exercises: flashedu/checks/chNN.py exports at least two graders, the notebook calls at least two
-  of them on stubs (`raise NotImplementedError("Exercise ...")`), shows `checks.solution(...)`, and
-  tests/checks/test_chNN.py exists.
+  of them on stubs (`exercise_stubs`: a function raising NotImplementedError("Exercise ..."), or
+  a @triton.jit kernel that stores nothing yet, which its grader reports as not attempted), shows
+  `checks.solution(...)`, and tests/checks/test_chNN.py exists.
 Limits: it reads notebooks as text and does not run them; nbval does that (`make test`).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import re
@@ -189,10 +191,60 @@ def _check_module(label: str, name: str, listed: set[str]) -> list[str]:
     ]
 
 
-def _check_exercises(root: Path, i: int, c: Chapter, text: str) -> list[str]:
+def _python(src: str) -> str:
+    """A cell's source without IPython magics and shell escapes, so `ast` can parse it."""
+    return "\n".join(
+        "" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines()
+    )
+
+
+def _raises_exercise(fn: ast.FunctionDef) -> bool:
+    return any(
+        isinstance(r, ast.Raise)
+        and isinstance(r.exc, ast.Call)
+        and getattr(r.exc.func, "id", "") == "NotImplementedError"
+        and bool(r.exc.args)
+        and isinstance(r.exc.args[0], ast.Constant)
+        and str(r.exc.args[0].value).startswith("Exercise")
+        for r in ast.walk(fn)
+    )
+
+
+def _unwritten_kernel(fn: ast.FunctionDef) -> bool:
+    """A @triton.jit function that writes nothing to memory (no tl.store, no tl.atomic_*): what a
+    kernel exercise looks like before the learner fills it in."""
+    jit = any(
+        isinstance(d, ast.Attribute) and d.attr == "jit" and getattr(d.value, "id", "") == "triton"
+        for d in fn.decorator_list
+    )
+    writes = any(
+        isinstance(n, ast.Attribute) and (n.attr == "store" or n.attr.startswith("atomic_"))
+        for n in ast.walk(fn)
+    )
+    return jit and not writes
+
+
+def exercise_stubs(source: str) -> set[str]:
+    """Names of the exercise stubs defined in a notebook's code (cells joined or one at a time):
+    functions whose body raises NotImplementedError("Exercise ..."), and @triton.jit kernels that
+    store nothing yet (a grader launches them and reports "not attempted yet"). Code that does not
+    parse has none."""
+    try:
+        tree = ast.parse(_python(source))
+    except SyntaxError:
+        return set()
+    return {
+        fn.name
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef) and (_raises_exercise(fn) or _unwritten_kernel(fn))
+    }
+
+
+def _check_exercises(root: Path, i: int, c: Chapter, cells: list[dict]) -> list[str]:
     """Graders in flashedu.checks.chNN, called by the notebook on stubs, tested in
     tests/checks/test_chNN.py."""
     nn, label = f"{i:02d}", f"chapter {i:02d} ({c.id})"
+    text = "\n".join(cell_source(x) for x in cells)
     try:
         graders = list(importlib.import_module(f"flashedu.checks.ch{nn}").__all__)
     except ModuleNotFoundError as e:
@@ -214,11 +266,14 @@ def _check_exercises(root: Path, i: int, c: Chapter, text: str) -> list[str]:
             f"({', '.join(called) or 'none'}); "
             f"at least {MIN_EXERCISES} exercises should be graded with checks.<grader>(...)"
         )
-    stubs = len(re.findall(r"raise NotImplementedError\(\s*[\"']Exercise", text))
+    stubs = len(
+        set().union(*(exercise_stubs(cell_source(x)) for x in cells if x["cell_type"] == "code"))
+    )
     if stubs < MIN_EXERCISES:
         problems.append(
-            f"{label}: {c.notebook} has {stubs} exercise stub(s); each exercise needs one raising "
-            f'NotImplementedError("Exercise {i}.N: ...")'
+            f"{label}: {c.notebook} has {stubs} exercise stub(s); each exercise needs one: a "
+            f'function raising NotImplementedError("Exercise {i}.N: ...") or a @triton.jit kernel '
+            "that stores nothing yet"
         )
     if "checks.solution(" not in text:
         problems.append(
@@ -255,11 +310,11 @@ def check(root: Path = ROOT) -> list[str]:
         else:
             problems += check_first_cell(path, label, c)
             try:
-                text = "\n".join(cell_source(cell) for cell in read_notebook(path)["cells"])
+                cells = read_notebook(path)["cells"]
             except ValueError:
-                text = None  # already reported by the first-cell check
-            if text is not None:
-                problems += _check_exercises(root, i, c, text)
+                cells = None  # already reported by the first-cell check
+            if cells is not None:
+                problems += _check_exercises(root, i, c, cells)
         for m in c.modules:
             if m not in checked:  # a module shared by chapters is reported once, under the first
                 problems += _check_module(label, m, listed)

@@ -211,3 +211,28 @@ def test_notebooks_command_is_the_manifest_in_order(capsys):
     listed = capsys.readouterr().out.split()
     assert listed == [c.notebook for c in course.load()[1]] == course.notebooks()
     assert listed[0].startswith("notebooks/00_") and all(p.endswith(".ipynb") for p in listed)
+
+
+def test_exercise_stubs_are_raising_functions_and_kernels_that_store_nothing():
+    src = """
+%matplotlib inline
+def my_softmax(x):
+    raise NotImplementedError("Exercise 2.1: three lines")
+
+def helper(x):
+    raise NotImplementedError("not an exercise")
+
+@triton.jit
+def my_kernel(X, Y, N):
+    x = tl.load(X + tl.arange(0, 16))   # yours: the store
+
+@triton.jit
+def done_kernel(X, Y, N):
+    tl.store(Y, tl.load(X))
+
+@triton.jit
+def atomic_kernel(X, Y, N):
+    tl.atomic_add(Y, tl.load(X))
+"""
+    assert course.exercise_stubs(src) == {"my_softmax", "my_kernel"}
+    assert course.exercise_stubs("def broken(:\n") == set()

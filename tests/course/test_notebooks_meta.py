@@ -181,26 +181,9 @@ def test_no_package_code_is_copied_into_the_notebook(chapter):
             )
 
 
-def _stub_names(src: str) -> set[str]:
-    """Functions whose body raises NotImplementedError("Exercise ...")."""
-    names = set()
-    for fn in ast.walk(ast.parse(_python(src))):
-        if isinstance(fn, ast.FunctionDef) and any(
-            isinstance(r, ast.Raise)
-            and isinstance(r.exc, ast.Call)
-            and getattr(r.exc.func, "id", "") == "NotImplementedError"
-            and r.exc.args
-            and isinstance(r.exc.args[0], ast.Constant)
-            and str(r.exc.args[0].value).startswith("Exercise")
-            for r in ast.walk(fn)
-        ):
-            names.add(fn.name)
-    return names
-
-
 def test_every_exercise_stub_is_stored_as_not_attempted(chapter):
     cells = _code_cells(_load(chapter.notebook))
-    stubs = set().union(*(_stub_names(course.cell_source(c)) for c in cells))
+    stubs = set().union(*(course.exercise_stubs(course.cell_source(c)) for c in cells))
     assert len(stubs) >= course.MIN_EXERCISES, f"found exercise stubs {sorted(stubs)}"
     for cell in cells:
         for name, arg in re.findall(r"\bchecks\.(\w+)\(\s*(\w+)", course.cell_source(cell)):
