@@ -419,3 +419,104 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     _check_max(max_seqlen_q, "max_seqlen_q", cu_q)
     _check_max(max_seqlen_k, "max_seqlen_k", cu_k)
     return cu_q, cu_k
+
+
+# ------------------------------------------------ paged KV caches and attention sinks (serving)
+def _as_ints(x, arg: str, ndim: int, name: str) -> np.ndarray:
+    """An integer array or tensor of `ndim` dims, as a NumPy int64 array (read on the host)."""
+    if _is_torch(x):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise TypeError(f"{name}: {arg} must hold integers (torch.int32), got {x.dtype}")
+        values = x.detach().cpu().numpy()
+    elif isinstance(x, np.ndarray):
+        if not np.issubdtype(x.dtype, np.integer):
+            raise TypeError(f"{name}: {arg} must hold integers (int32), got {x.dtype}")
+        values = x
+    else:
+        got = "None" if x is None else type(x).__name__
+        raise TypeError(f"{name}: {arg} must be an integer array or tensor, got {got}")
+    if values.ndim != ndim:
+        raise ValueError(f"{name}: {arg} must have {ndim} dims, got shape {tuple(values.shape)}")
+    return values.astype(np.int64)
+
+
+def check_block_table(
+    block_table,
+    cache_seqlens,
+    *,
+    num_pages: int,
+    page_size: int,
+    B: int | None = None,
+    name: str = "paged attention",
+) -> list[int]:
+    """A paged KV cache's block table, checked against the page pool it points into; returns the
+    lengths as a list of ints.
+
+    block_table: integers of shape (B, max_pages): row b lists, in order, the physical pages that
+    hold sequence b's keys 0..page_size-1, page_size..2*page_size-1, ... Only the first
+    ceil(len_b / page_size) entries of a row are read; the rest may hold anything (-1, say).
+    cache_seqlens: integers of shape (B,), each in [0, max_pages * page_size].
+    Pages read must lie in [0, num_pages) and appear once per row; rows may share pages (a shared
+    prompt prefix). NumPy arrays or torch tensors (read on the host: the check costs a copy of the
+    table, which is small).
+    """
+    page_size = check_int(page_size, "page_size", name=name)
+    num_pages = check_int(num_pages, "num_pages", name=name)
+    table = _as_ints(block_table, "block_table", 2, name)
+    lens = _as_ints(cache_seqlens, "cache_seqlens", 1, name)
+    rows, width = table.shape
+    if B is not None and rows != B:
+        raise ValueError(
+            f"{name}: block_table must have B = {B} rows one per sequence:, got {rows}"
+        )
+    if lens.shape != (rows,):
+        raise ValueError(
+            f"{name}: cache_seqlens must have shape (B,) = ({rows},), got {tuple(lens.shape)}"
+        )
+    for b, n in enumerate(lens.tolist()):
+        if n < 0 or n > width * page_size:
+            raise ValueError(
+                f"{name}: cache_seqlens[{b}] = {n} must lie in [0, {width * page_size}]: "
+                f"block_table holds {width} pages of {page_size} keys per sequence"
+            )
+        used = table[b, : -(-n // page_size)]
+        bad = used[(used < 0) | (used >= num_pages)]
+        if bad.size:
+            raise ValueError(
+                f"{name}: block_table[{b}] names page {int(bad[0])}, outside the pool's "
+                f"{num_pages} pages [0, {num_pages}) (it holds {n} keys)"
+            )
+        seen, counts = np.unique(used, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"{name}: block_table[{b}] names page {int(seen[counts > 1][0])} twice: each "
+                "page holds different keys of a sequence"
+            )
+    return [int(n) for n in lens.tolist()]
+
+
+def check_sinks(sinks, H: int, *, name: str = "attention"):
+    """None, or attention sinks: one logit per query head, shape (H,), floating point, finite or
+    -inf (a head without a sink); the sink joins every softmax row of its head as one extra column
+    with no value. Returned unchanged."""
+    if sinks is None:
+        return None
+    _check_array(sinks, "sinks", name, None)
+    if _shape(sinks) != (H,):
+        raise ValueError(
+            f"{name}: sinks must have shape (H,) = ({H},), one logit per query head, "
+            f"got {_shape(sinks)}"
+        )
+    floating = (
+        sinks.dtype.is_floating_point
+        if _is_torch(sinks)
+        else np.issubdtype(np.asarray(sinks).dtype, np.floating)
+    )
+    if not floating:
+        raise TypeError(f"{name}: sinks must be floating point (float32), got {sinks.dtype}")
+    values = (
+        sinks.detach().double().cpu().numpy() if _is_torch(sinks) else np.asarray(sinks, np.float64)
+    )
+    if np.isnan(values).any() or (values == np.inf).any():
+        raise ValueError(f"{name}: sinks must be finite or -inf (no sink), got {values.tolist()}")
+    return sinks

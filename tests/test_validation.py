@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashedu import decoding, kernels, naive, reference, tiled, torch_tiled
+from flashedu import decoding, kernels, naive, reference, tiled, torch_tiled, validation
 from flashedu.validation import check_block, check_window, resolve_scale
 
 GOOD = [np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 5, 4)), np.zeros((1, 2, 5, 4))]
@@ -202,3 +202,41 @@ def test_backward_names_the_array_kind_and_a_missing_output():
             backward(o, qt, kt, vt, ot, lset)
         with pytest.raises(TypeError, match=r"lse must be an array or tensor .* got None"):
             backward(ot, qt, kt, vt, ot, None)
+
+
+# ---- paged KV caches and sinks ------------------------------------------------------------------
+def test_a_block_table_is_read_only_as_far_as_each_length():
+    table = np.array([[3, 0, -1], [1, 2, 7]], dtype=np.int32)  # row 0 holds 5 keys: pages 3, 0
+    assert validation.check_block_table(table, np.array([5, 9]), num_pages=8, page_size=4) == [5, 9]
+    shared = np.array([[0, 1], [0, 2]], dtype=np.int32)  # a shared prefix page is fine
+    assert validation.check_block_table(shared, np.array([8, 7]), num_pages=3, page_size=4)
+
+
+@pytest.mark.parametrize(
+    "table,lens,match",
+    [
+        (np.array([[0, 9]]), np.array([8]), r"block_table\[0\] names page 9, outside"),
+        (np.array([[0, -1]]), np.array([5]), r"block_table\[0\] names page -1"),
+        (np.array([[2, 2]]), np.array([8]), r"block_table\[0\] names page 2 twice"),
+        (np.array([[0, 1]]), np.array([9]), r"cache_seqlens\[0\] = 9 must lie in \[0, 8\]"),
+        (np.array([[0.0, 1.0]]), np.array([8]), "block_table must hold integers"),
+        (np.array([0, 1]), np.array([8]), "block_table must have 2 dims"),
+        (np.array([[0, 1]]), np.array([8, 8]), r"cache_seqlens must have shape \(B,\) = \(1,\)"),
+        (np.array([[0, 1]]), torch.tensor([8.0]), "cache_seqlens must hold integers"),
+    ],
+)
+def test_a_bad_block_table_is_one_named_error(table, lens, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        validation.check_block_table(table, lens, num_pages=4, page_size=4)
+
+
+def test_sinks_are_one_float_per_query_head():
+    assert validation.check_sinks(None, 4) is None
+    s = torch.tensor([0.5, -1.0, float("-inf")])
+    assert validation.check_sinks(s, 3) is s
+    with pytest.raises(ValueError, match=r"sinks must have shape \(H,\) = \(4,\)"):
+        validation.check_sinks(torch.zeros(3), 4)
+    with pytest.raises(TypeError, match="sinks must be floating point"):
+        validation.check_sinks(torch.zeros(3, dtype=torch.int32), 3)
+    with pytest.raises(ValueError, match="sinks must be finite or -inf"):
+        validation.check_sinks(np.array([0.0, np.nan]), 2)
