@@ -61,6 +61,29 @@ def contiguous_attention(q, k, v, *, sink=None, scale=None, rescale=True, lse_mo
         return o / np.where(l > 0, l, 1)[..., None], np.where(l > 0, lse, -np.inf)
 
 
+def _page_loop(q, k, v, ps, *, rescale, lse_m):
+    """(o, lse) of q (H, N_q, d) against contiguous k (n, H_kv, d), v, one page of ps keys at a
+    time (the tiles a paged loop sees), with the rescale or the max in lse switchable."""
+    H, N_q, d = q.shape
+    g = H // k.shape[1]
+    m, l = np.full((H, N_q), -np.inf), np.zeros((H, N_q))
+    o = np.zeros((H, N_q, v.shape[2]))
+    with np.errstate(all="ignore"):
+        for c0 in range(0, k.shape[0], ps):
+            kj = np.repeat(k[c0 : c0 + ps].transpose(1, 0, 2), g, axis=0)  # (H, n, d)
+            vj = np.repeat(v[c0 : c0 + ps].transpose(1, 0, 2), g, axis=0)
+            s = q @ kj.transpose(0, 2, 1) / np.sqrt(d)
+            m_new = np.maximum(m, s.max(-1))
+            a = np.exp(m - m_new) if rescale else 1.0
+            p = np.exp(s - m_new[..., None])
+            l = a * l + p.sum(-1)
+            o = (a[..., None] if rescale else 1.0) * o + p @ vj
+            m = m_new
+        if not k.shape[0]:
+            return o, np.full((H, N_q), -np.inf)
+        return o / l[..., None], (m if lse_m else 0) + np.log(l)
+
+
 _PAGED_BUGS = ("logical", "whole last page", "last page dropped", "no rescale", "lse", "gqa")
 
 
@@ -78,18 +101,12 @@ def paged_twin(bug, q, k_pages, v_pages, table, lens):
             keep = len(pages) * ps
         elif bug == "last page dropped":
             keep = n // ps * ps
-        k = k_pages[np.array(pages, int)].reshape(-1, H_kv, k_pages.shape[3])[:keep]
-        v = v_pages[np.array(pages, int)].reshape(-1, H_kv, v_pages.shape[3])[:keep]
+        tiles = [(k_pages[p], v_pages[p]) for p in pages]  # (ps, H_kv, d) each, in table order
+        k = np.concatenate([t[0] for t in tiles] or [k_pages[:0, 0]])[:keep]
+        v = np.concatenate([t[1] for t in tiles] or [v_pages[:0, 0]])[:keep]
         if bug == "gqa":  # query head h reads K/V head h % H_kv instead of h // (H / H_kv)
-            k = k[:, np.arange(H) % H_kv]
-            v = v[:, np.arange(H) % H_kv]
-        o[b], lse[b] = contiguous_attention(
-            q[b],
-            k,
-            v,
-            rescale=bug != "no rescale",
-            lse_mode="log l" if bug == "lse" else "m + log l",
-        )
+            k, v = k[:, np.arange(H) % H_kv], v[:, np.arange(H) % H_kv]
+        o[b], lse[b] = _page_loop(q[b], k, v, ps, rescale=bug != "no rescale", lse_m=bug != "lse")
     return o, lse
 
 
