@@ -84,7 +84,9 @@ def _page_loop(q, k, v, ps, *, rescale, lse_m):
         return o / l[..., None], (m if lse_m else 0) + np.log(l)
 
 
-_PAGED_BUGS = ("logical", "whole last page", "last page dropped", "no rescale", "lse", "gqa")
+_PAGED_BUGS = (
+    "logical", "whole last page", "last page dropped", "n % page_size", "no rescale", "lse", "gqa",
+)  # fmt: skip
 
 
 def paged_twin(bug, q, k_pages, v_pages, table, lens):
@@ -101,6 +103,8 @@ def paged_twin(bug, q, k_pages, v_pages, table, lens):
             keep = len(pages) * ps
         elif bug == "last page dropped":
             keep = n // ps * ps
+        elif bug == "n % page_size":  # the last page's keys as n % page_size: 0 when it is full
+            keep = (len(pages) - 1) * ps + n % ps if pages else 0
         tiles = [(k_pages[p], v_pages[p]) for p in pages]  # (ps, H_kv, d) each, in table order
         k = np.concatenate([t[0] for t in tiles] or [k_pages[:0, 0]])[:keep]
         v = np.concatenate([t[1] for t in tiles] or [v_pages[:0, 0]])[:keep]

@@ -293,6 +293,8 @@ _PAGED_MISTAKES = {
     "the last, partly filled page was skipped: len keys span ceil(len / page_size) pages": (
         "last page dropped"
     ),
+    "the last page's keys were counted as len % page_size, which is 0 when the last page is full: "
+    "it holds len - (pages - 1) * page_size": "n % page_size",
     "the running sum and output were not rescaled when the row max grew "
     "(alpha = exp(m_old - m_new))": "no rescale",
     "lse is log l without the running max m": "lse",

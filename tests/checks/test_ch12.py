@@ -86,7 +86,7 @@ def test_paged_cache_needs_free_and_reports_a_stub():
 
 
 def paged(q, k_pages, v_pages, block_table, cache_seqlens, *, logical=False, whole=False,
-          drop=False, rescale=True, gqa="div", lse_m=True):  # fmt: skip
+          drop=False, mod=False, rescale=True, gqa="div", lse_m=True):  # fmt: skip
     """A learner's paged attention, one sequence and one page at a time, with switches."""
     B, H, N_q, d = q.shape
     ps, H_kv = k_pages.shape[1], k_pages.shape[2]
@@ -102,10 +102,12 @@ def paged(q, k_pages, v_pages, block_table, cache_seqlens, *, logical=False, who
         for j in range(pages):
             page = j if logical else block_table[b, j]
             valid = ps if whole else min(ps, n - j * ps)
+            if mod and j == pages - 1:
+                valid = n % ps
             k = k_pages[page, :valid][:, heads].transpose(1, 0, 2)  # (H, valid, d)
             v = v_pages[page, :valid][:, heads].transpose(1, 0, 2)
             s = q[b] @ k.transpose(0, 2, 1) / np.sqrt(d)
-            m_new = np.maximum(m, s.max(-1))
+            m_new = np.maximum(m, s.max(-1, initial=-np.inf))
             alpha = np.exp(m - m_new) if rescale else 1.0
             p = np.exp(s - m_new[..., None])
             l = alpha * l + p.sum(-1)
@@ -161,11 +163,12 @@ def test_paged_attention_accepts_honest_solutions(fn):
         ({"logical": True}, "instead of through the block table"),
         ({"whole": True}, "all page_size slots of the last page were read"),
         ({"drop": True}, "the last, partly filled page was skipped"),
+        ({"mod": True}, "counted as len % page_size"),
         ({"rescale": False}, "not rescaled when the row max grew"),
         ({"lse_m": False}, "lse is log l without the running max"),
         ({"gqa": "mod"}, "read K/V head h % H_kv"),
     ],
-    ids=["page j not block_table", "last page whole", "last page dropped", "no rescale",
+    ids=["page j not block_table", "last page whole", "last page dropped", "len % ps", "no rescale",
          "lse without m", "gqa mapping"],
 )  # fmt: skip
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
