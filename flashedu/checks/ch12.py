@@ -142,11 +142,24 @@ def _op_text(op) -> str:
     return f"append {op[2]} to {op[1]!r}" if op[0] == "append" else f"free {op[1]!r}"
 
 
+def _script_text(ops) -> str:
+    """The workload in words, runs of the same step counted: "append 1 to 'a' (x9); free 'a'"."""
+    runs: list[list] = []
+    for op in ops:
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    return "; ".join(_op_text(op) + (f" (x{n})" if n > 1 else "") for op, n in runs)
+
+
 def _page_count(s, n, got, appends, ps):
     need = -(-n // ps)
     if got == need:
         return ""
-    detail = f"sequence {s!r} holds {n} tokens in {got} pages; {need} pages of {ps} hold them"
+    pages = f"{got} page" + ("" if got == 1 else "s")
+    enough = f"ceil({n} / {ps}) = {need} " + ("is" if need == 1 else "are") + " enough"
+    detail = f"sequence {s!r} holds {n} tokens in {pages}; {enough}"
     if got > need and got == appends[s]:
         return detail, _EVERY_APPEND
     if got == -(-(n + 1) // ps):
@@ -170,7 +183,7 @@ def _inspect(cache, pools, rows, before, op, appends):
         if wrong:
             return wrong
         if s in before and table[: len(before[s])] != before[s]:
-            return f"{s!r}'s pages were {before[s]}, now {table}", _MOVED
+            return f"the pages of {s!r} were {before[s]}, now {table}", _MOVED
         for p in table:
             if p in used:
                 return f"page {p} is in the tables of {used[p]!r} and {s!r}", _NOT_FROM_FREE
@@ -271,7 +284,7 @@ def paged_cache(fn, free=None, *, seed=None, out=print):
                 "ceil(len / page_size) pages, and every page be in one table or the free list",
                 check=lambda got, _: got,
                 inputs=f"PagedKVCache(num_pages={num_pages}, page_size={ps}, H_kv=2, d=4); "
-                + "; ".join(_op_text(op) for op in ops),
+                + _script_text(ops),
                 call=_cache_call(
                     serving.PagedKVCache(num_pages, ps, 2, 4, dtype=np.float64),
                     ops,
