@@ -57,6 +57,7 @@ from .validation import (
 def copy_bytes(n_tokens: int, bytes_per_token: int) -> int:
     """Bytes a contiguous cache copies while growing to n_tokens one token at a time, reallocating
     at every step: step t copies the t tokens already there, sum = n (n - 1) / 2 tokens."""
+    n_tokens = check_int(n_tokens, "n_tokens", name="serving.copy_bytes", low=0)
     return n_tokens * (n_tokens - 1) // 2 * bytes_per_token
 
 
@@ -184,10 +185,23 @@ def _take_page(cache) -> int:
     return page
 
 
+def _check_rows(cache, k, v, name="serving.PagedKVCache.append"):
+    for arg, x, pool in (("k", k, cache.k_pages), ("v", v, cache.v_pages)):
+        if not hasattr(x, "shape") or tuple(x.shape[1:]) != pool.shape[2:] or x.ndim != 3:
+            got = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
+            want = ", ".join(map(str, pool.shape[2:]))
+            raise ValueError(f"{name}: {arg} must have shape (n, {want}), got {got}")
+    if len(k) != len(v):
+        raise ValueError(
+            f"{name}: k and v must hold the same number of rows, got {len(k)} and {len(v)}"
+        )
+
+
 def append_tokens(cache, seq, k, v) -> None:
     """Append rows k (n, H_kv, d) and v (n, H_kv, d_v) to sequence `seq` of a PagedKVCache (a new
     sequence starts empty). Fills the last page, and takes a page from the free list only when
     it is full; pages already written are never moved (a shared last page is copied first)."""
+    _check_rows(cache, k, v)
     ps = cache.page_size
     table = cache.tables.setdefault(seq, [])
     n = cache.lengths.setdefault(seq, 0)
@@ -211,6 +225,8 @@ def append_tokens(cache, seq, k, v) -> None:
 def free_sequence(cache, seq) -> None:
     """Remove sequence `seq` from a PagedKVCache; each of its pages no other sequence holds goes
     back to the free list."""
+    if seq not in cache.tables:
+        raise KeyError(f"serving.PagedKVCache.free: no sequence {seq!r} in the cache")
     for page in cache.tables.pop(seq):
         cache.refs[page] -= 1
         if cache.refs[page] == 0:
@@ -361,6 +377,7 @@ def sink_backward(do, q, k, v, o, lse, sinks, *, causal=False, softmax_scale=Non
         dsink_h = -sum_i P_sink,i D_i,   P_sink,i = exp(sink_h - lse_i),  D_i = rowsum(dO_i * O_i)
     summed over the batch and the query rows of head h.
     """
+    check_sinks(sinks, q.shape[1], name="serving.sink_backward")
     dq, dk, dv = tiled_backward.backward(
         do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale
     )

@@ -387,6 +387,14 @@ def test_cache_and_sink_functions_name_bad_input(rng):
     cache.append("a", np.zeros((1, 1, 2)), np.zeros((1, 1, 2)))
     with pytest.raises(KeyError, match="cannot fork"):
         cache.fork("nobody", "b")
+    with pytest.raises(KeyError, match="serving.PagedKVCache.free: no sequence 'b'"):
+        cache.free("b")
+    with pytest.raises(ValueError, match=r"append: k must have shape \(n, 1, 2\), got \(1, 2\)"):
+        cache.append("a", np.zeros((1, 2)), np.zeros((1, 1, 2)))
+    with pytest.raises(ValueError, match="the same number of rows"):
+        cache.append("a", np.zeros((2, 1, 2)), np.zeros((1, 1, 2)))
+    with pytest.raises(ValueError, match="serving.copy_bytes: n_tokens"):
+        serving.copy_bytes(-1, 8)
     q, k, v = rng.standard_normal((3, 1, 2, 2, 4))
     with pytest.raises(ValueError, match="serving.sink_forward: sinks must have shape"):
         serving.sink_forward(q, k, v, np.zeros(5))
@@ -394,6 +402,11 @@ def test_cache_and_sink_functions_name_bad_input(rng):
         serving.sink_forward(torch.zeros(1, 2, 2, 4), k, v, None)
     with pytest.raises(ValueError, match="serving.sink_forward: block_n"):
         serving.sink_forward(q, k, v, None, block_n=0)
+    o, lse = serving.sink_forward(q, k, v, np.zeros(2))
+    with pytest.raises(ValueError, match="serving.sink_backward: sinks must have shape"):
+        serving.sink_backward(q, q, k, v, o, lse, np.zeros(3))
+    with pytest.raises(ValueError, match="serving.sink_forward: sinks must have shape"):
+        serving.attention_with_sinks(*(torch.from_numpy(x) for x in (q, k, v)), torch.zeros(3))
 
 
 @pytest.mark.parametrize(

@@ -264,7 +264,12 @@ free(cache, seq):   cache.free_pages.extend(cache.tables.pop(seq)); del cache.le
 """
 
 
-@grader("flashedu.serving.append_tokens", "flashedu.serving.free_sequence", formula=_CACHE_FORMULA)
+@grader(
+    "flashedu.serving.append_tokens",
+    "flashedu.serving._take_page",
+    "flashedu.serving.free_sequence",
+    formula=_CACHE_FORMULA,
+)
 def paged_cache(fn, free=None, *, seed=None, out=print):
     """Grade a paged KV cache's bookkeeping, called as `paged_cache(append, free)`:
     `append(cache, seq, k, v)` adds rows k, v (n, H_kv, d) to sequence `seq` (new or not) of a
