@@ -26,11 +26,19 @@ import triton.testing
 from .. import _env
 from ..validation import check_causal, check_qkv, check_slopes, check_window, resolve_scale
 from . import score_mods
-from .tiles import MAX_HEAD_DIM, pad_dim
+from .tiles import MAX_HEAD_DIM, chunk_dims, pad_dim
 
 INTERPRETER = _env.INTERPRETER
 HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # any head dim; the tiles are padded to a power of two
-TILE_WIDTHS = (16, 32, 64, 128, 256)  # pad_dim of every supported head dim
+# Head dims held in two chunks (`tiles.chunk_dims`: 192 = 128 + 64) instead of one padded tile.
+# Empty: the split kernels are compiled and tested, not yet timed on a GPU, so every head dim
+# still runs padded. scripts/hopper/h200_headdims.py times both ways; the head dims where two
+# chunks measure faster belong here.
+SPLIT_HEAD_DIMS: frozenset[int] = frozenset()
+# the widths the tables are keyed on: pad_dim of every head dim, and the two-chunk sums
+TILE_WIDTHS = tuple(
+    sorted({pad_dim(d) for d in HEAD_DIMS} | {sum(chunk_dims(d)) for d in HEAD_DIMS})
+)
 TUNED_DIMS = (64, 128)  # head dims the autotune tables were measured on (with Ev = E)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FIXED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)  # the interpreter's one config
@@ -46,8 +54,17 @@ def _cfg(block_m, block_n, num_warps, num_stages):
 
 
 def tile_width(flags) -> int:
-    """The width the tables are keyed on: the wider of the padded key and value tiles."""
-    return max(flags["BLOCK_D"], flags["BLOCK_DV"])
+    """The width the tables are keyed on: the wider of the key and value tiles (padded, or the
+    sum of the two chunks: 192 for d = 128 + 64)."""
+    return max(
+        flags["BLOCK_D"] + flags.get("BLOCK_D2", 0), flags["BLOCK_DV"] + flags.get("BLOCK_DV2", 0)
+    )
+
+
+def head_chunks(d: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D2) for head dim d: two chunks where d is in SPLIT_HEAD_DIMS, else one
+    padded tile and 0."""
+    return chunk_dims(d) if d in SPLIT_HEAD_DIMS else (pad_dim(d), 0)
 
 
 def _tuned(flags, wide) -> bool:
@@ -209,10 +226,13 @@ def plan(q, k, v, causal, softmax_scale, window_size, alibi_slopes, score_mod, n
     flags, left, right = kernel_flags(q, scale, bounds, False)
     flags.pop("HAS_ALIBI")
     d_v = v.shape[-1]
+    (block_d, block_d2), (block_dv, block_dv2) = head_chunks(d), head_chunks(d_v)
     flags.update(
         V_DIM=d_v,
-        BLOCK_D=pad_dim(d),
-        BLOCK_DV=pad_dim(d_v),
+        BLOCK_D=block_d,
+        BLOCK_D2=block_d2,
+        BLOCK_DV=block_dv,
+        BLOCK_DV2=block_dv2,
         SCORE_MOD=score_mods.identity if mod is None else mod.fn,
         HAS_MOD=mod is not None,
         VARLEN=batch is not None,
