@@ -23,8 +23,10 @@ from 1 to 256 and a value head dim d_v of its own (tiles padded to a power of tw
 and fp32 inputs (fp32 dots in full IEEE precision, not tf32), fp32 accumulation.
 Limits: no dropout; the last dimension must be contiguous (other strides are free; a tensor whose
 last dimension is strided is copied once); a padded head dim computes on the padded width (d = 80
-costs what d = 128 does); under the interpreter bf16 tiles are upcast to fp32 before `tl.dot` (the
-interpreter's bf16 dot is wrong), so CPU runs are slightly more exact than the GPU for bf16.
+costs what d = 128 does) unless it runs in two chunks (`launch.SPLIT_HEAD_DIMS`, empty until
+measured: 192 = 128 + 64 does three quarters of the padded matmul work); under the interpreter bf16
+tiles are upcast to fp32 before `tl.dot` (the interpreter's bf16 dot is wrong), so CPU runs are
+slightly more exact than the GPU for bf16.
 
 Measured on an H200 (notebooks/results/GPU_NOTES.md): 1.27-1.57x PyTorch SDPA's FLASH backend
 forward and 1.19-1.34x forward + backward at N >= 2048, bf16/fp16, d 64/128; 0.67-0.97x its cuDNN

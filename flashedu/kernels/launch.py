@@ -1,13 +1,13 @@
 """Launch plumbing for the Triton kernels: validation, autotuning, fixed configs, flags.
 
-Every misuse of `kernels.forward` / `backward` fails here before any launch, with the
-argument and the value named (shapes via `flashedu.validation`, then dtype, head dim, device,
-window,
-ALiBi slopes, score mod). `plan` turns one validated call into what the kernels take: sizes, the
-scale, the mask bounds, the score mod and the constexpr flags (head dims and their padded tile
-widths, `flashedu.kernels.tiles`). On a GPU each kernel is wrapped in `triton.autotune` over a short
-table of (BLOCK_M, BLOCK_N, num_warps, num_stages) per tile width, kept beside the kernel; under the
-interpreter (no GPU) a kernel runs with one small fixed config, since autotuning needs a driver.
+Every misuse of `kernels.forward` / `backward` fails here before any launch, with the argument and
+the value named (shapes via `flashedu.validation`, then dtype, head dim, device, window, ALiBi
+slopes, score mod). `plan` turns one validated call into what the kernels take: sizes, the scale,
+the mask bounds, the score mod and the constexpr flags (head dims and their padded tile widths, or
+two chunks each for a head dim in SPLIT_HEAD_DIMS, `flashedu.kernels.tiles`). On a GPU each kernel
+is wrapped in `triton.autotune` over a short table of (BLOCK_M, BLOCK_N, num_warps, num_stages) per
+tile width, kept beside the kernel; under the interpreter (no GPU) a kernel runs with one small
+fixed config, since autotuning needs a driver.
 
 Introduced in notebooks/06_triton_forward.ipynb. Limits: the tables were chosen on one H200
 (notebooks/results/GPU_NOTES.md) for d = 64 and 128 with Ev = E; every other head dim (1 to 256,

@@ -157,7 +157,8 @@ def test_two_chunk_tables_start_with_a_config_that_compiles_without_spills(d):
     for kern, table in (("fwd", fwd.fwd_table), ("dkdv", bwd.dkdv_table), ("dq", bwd.dq_table)):
         first = list(table(width, False)[0])
         for causal in (False, True):
-            found = [r for r in rows if (r["kernel"], r["config"], r["causal"]) == (kern, first, causal)]
+            key = (kern, first, causal)
+            found = [r for r in rows if (r["kernel"], r["config"], r["causal"]) == key]
             assert found, f"{kern} {first} d={d} causal={causal} is not in the compile report"
             r = found[0]
             assert r["spill_stores"] == 0 and r["smem"] <= 227 * 1024, r
