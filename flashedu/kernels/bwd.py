@@ -37,6 +37,7 @@ from .launch import (
     out_dtype,
     plan,
     rows_contiguous,
+    separate_dkdv,
     strides,
 )
 from .score_mods import identity
@@ -87,10 +88,11 @@ def dkdv_inner(
     HAS_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, HAS_GRAD: tl.constexpr, MASK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_D2: tl.constexpr, BLOCK_DV2: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_DV2: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
     """Stream query blocks start..end past the key tile. k2, v2, dk2, dv2: the head dims' second
-    chunks (`tiles.chunk_dims`) when BLOCK_D2 / BLOCK_DV2 > 0, else unused."""
+    chunks (`tiles.chunk_dims`) when BLOCK_D2 / BLOCK_DV2 > 0, else unused. PARTS: which
+    gradients to accumulate, 1 dV, 2 dK, 3 both."""
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
     for start_m in tl.range(start, end, BLOCK_M):
@@ -127,31 +129,36 @@ def dkdv_inner(
             keep = _visible_t(rows, cols, N_q, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
             p_t = tl.where(keep, p_t, 0.0)
         do = load_tile(do_ptrs, rows, N_q, dims_v, V_DIM, BLOCK_DV, MASK)
-        if MASK:
-            delta = tl.load(DELTA + rows, mask=rows < N_q, other=0.0)
-        else:
-            delta = tl.load(DELTA + rows)
+        if PARTS & 2:
+            if MASK:
+                delta = tl.load(DELTA + rows, mask=rows < N_q, other=0.0)
+            else:
+                delta = tl.load(DELTA + rows)
         if UPCAST:
             do = do.to(tl.float32)
         # forward: o_i = sum_j p_ij v_j  ->  backward: dv_j += p_ij * do_i
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # (BLOCK_N, d_v)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = dP^T
+        if PARTS & 1:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # (BLOCK_N, d_v)
+        if PARTS & 2:
+            dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = dP^T
         if BLOCK_DV2 > 0:  # the value's second chunk: its own dV, and its share of dP
             dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
             do2 = load_tile(DO + rows[:, None] * stride_dm + dims_v2[None, :], rows, N_q, dims_v2,
                             V_DIM, BLOCK_DV + BLOCK_DV2, MASK)  # fmt: skip
             if UPCAST:
                 do2 = do2.to(tl.float32)
-            dv2 = tl.dot(p_t.to(do2.dtype), do2, dv2, input_precision=PRECISION)
-            dp_t = tl.dot(v2, tl.trans(do2), dp_t, input_precision=PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])  # softmax Jacobian, row by row
-        if HAS_GRAD:  # chain rule through the score mod
-            ds_t = ds_t * SCORE_GRAD(s_nat, b, h, rows[None, :] + offset, cols[:, None], ARGS)
-        dk = tl.dot(
-            ds_t.to(q.dtype), q, dk, input_precision=PRECISION
-        )  # (BLOCK_N, d), scaled later
-        if BLOCK_D2 > 0:
-            dk2 = tl.dot(ds_t.to(q2.dtype), q2, dk2, input_precision=PRECISION)
+            if PARTS & 1:
+                dv2 = tl.dot(p_t.to(do2.dtype), do2, dv2, input_precision=PRECISION)
+            if PARTS & 2:
+                dp_t = tl.dot(v2, tl.trans(do2), dp_t, input_precision=PRECISION)
+        if PARTS & 2:
+            ds_t = p_t * (dp_t - delta[None, :])  # softmax Jacobian, row by row
+            if HAS_GRAD:  # chain rule through the score mod
+                ds_t = ds_t * SCORE_GRAD(s_nat, b, h, rows[None, :] + offset, cols[:, None], ARGS)
+            # (BLOCK_N, d), scaled by sm_scale at the store
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+            if BLOCK_D2 > 0:
+                dk2 = tl.dot(ds_t.to(q2.dtype), q2, dk2, input_precision=PRECISION)
     return dk, dv, dk2, dv2
 
 
@@ -168,10 +175,12 @@ def attn_bwd_dkdv(
     HAS_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, HAS_GRAD: tl.constexpr,
     VARLEN: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    PARTS: tl.constexpr = 3,
 ):  # fmt: skip
     """One program: BLOCK_N keys of one (batch, K/V head). Grid (cdiv(N_k, BLOCK_N), B * H_kv).
     VARLEN: as in `_attn_fwd`, batch b is packed sequence b. BLOCK_D2, BLOCK_DV2 > 0: the head
-    dims in two chunks each (`tiles.chunk_dims`)."""
+    dims in two chunks each (`tiles.chunk_dims`). PARTS: 3 computes dK and dV; 1 dV alone and 2
+    dK alone (`launch.SEPARATE_DKDV_DIMS`), each with one accumulator."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     H_kv = H // GROUP
@@ -236,31 +245,33 @@ def attn_bwd_dkdv(
                 dk, dv, dk2, dv2, k, v, k2, v2, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, lo,
                 full_lo, cols, b, h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT,
                 HAS_RIGHT, SCORE_MOD, HAS_MOD, SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION,
-                BLOCK_M, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2,
+                BLOCK_M, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2, PARTS,
             )  # fmt: skip
         dk, dv, dk2, dv2 = dkdv_inner(
             dk, dv, dk2, dv2, k, v, k2, v2, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, full_lo,
             full_hi, cols, b, h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT,
             SCORE_MOD, HAS_MOD, SCORE_GRAD, HAS_GRAD, False, UPCAST, PRECISION, BLOCK_M, HEAD_DIM,
-            V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2,
+            V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2, PARTS,
         )  # fmt: skip
         dk, dv, dk2, dv2 = dkdv_inner(
             dk, dv, dk2, dv2, k, v, k2, v2, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, full_hi,
             hi, cols, b, h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT,
             SCORE_MOD, HAS_MOD, SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_M, HEAD_DIM,
-            V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2,
+            V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2, PARTS,
         )  # fmt: skip
     DK += b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh + k_start * stride_dkn
     DV += b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh + k_start * stride_dvn
     # HBM: write BLOCK_N * (d + d_v)
-    store_tile(DK + cols[:, None] * stride_dkn + dims[None, :], (dk * sm_scale).to(
-        DK.dtype.element_ty), cols, N_k, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
-    store_tile(DV + cols[:, None] * stride_dvn + dims_v[None, :], dv.to(DV.dtype.element_ty), cols,
-               N_k, dims_v, V_DIM, BLOCK_DV)  # fmt: skip
-    if BLOCK_D2 > 0:
+    if PARTS & 2:
+        store_tile(DK + cols[:, None] * stride_dkn + dims[None, :], (dk * sm_scale).to(
+            DK.dtype.element_ty), cols, N_k, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
+    if PARTS & 1:
+        store_tile(DV + cols[:, None] * stride_dvn + dims_v[None, :], dv.to(DV.dtype.element_ty),
+                   cols, N_k, dims_v, V_DIM, BLOCK_DV)  # fmt: skip
+    if BLOCK_D2 > 0 and PARTS & 2:
         store_tile(DK + cols[:, None] * stride_dkn + dims2[None, :], (dk2 * sm_scale).to(
             DK.dtype.element_ty), cols, N_k, dims2, HEAD_DIM, BLOCK_D + BLOCK_D2)  # fmt: skip
-    if BLOCK_DV2 > 0:
+    if BLOCK_DV2 > 0 and PARTS & 1:
         store_tile(DV + cols[:, None] * stride_dvn + dims_v2[None, :], dv2.to(
             DV.dtype.element_ty), cols, N_k, dims_v2, V_DIM, BLOCK_DV + BLOCK_DV2)  # fmt: skip
 
@@ -465,10 +476,24 @@ def dq_table(d, wide):
     return [(128, 32, 8, 2)]
 
 
+def dkdv_parts_table(d, wide):
+    """(BLOCK_M, BLOCK_N, warps, stages) for the dK/dV kernel run as two launches, dV alone then
+    dK alone (`launch.SEPARATE_DKDV_DIMS`), both with the same config; `dkdv_table`'s entries up
+    to width 128. Above it 128 keys a program, which the fused kernel cannot hold: at
+    (32, 128, 8, 2) sm_90a compiles of d = 192 in two chunks spill nothing but the causal dK
+    launch (116 B), d = 256 padded 0-232 B, against 136-280 B for the fused (32, 64, 8, 2)
+    (notebooks/results/sm90_compile_headdims.json); not yet timed."""
+    if wide or d <= 128:
+        return dkdv_table(d, wide)
+    return [(32, 128, 8, 2), (32, 64, 8, 2), (64, 128, 8, 1)]
+
+
 _attn_bwd_dkdv_tuned = autotuned(attn_bwd_dkdv, dkdv_table, MASK_KEY)
+_attn_bwd_dkdv_parts_tuned = autotuned(attn_bwd_dkdv, dkdv_parts_table, MASK_KEY + ["PARTS"])
 _attn_bwd_dq_tuned = autotuned(attn_bwd_dq, dq_table, MASK_KEY)
 # The autotuned kernels by pass, for the GPU check (as `fwd.AUTOTUNED`).
-AUTOTUNED = {"dkdv": _attn_bwd_dkdv_tuned, "dq": _attn_bwd_dq_tuned}
+AUTOTUNED = {"dkdv": _attn_bwd_dkdv_tuned, "dkdv_parts": _attn_bwd_dkdv_parts_tuned,
+             "dq": _attn_bwd_dq_tuned}  # fmt: skip
 
 
 def backward(
@@ -567,7 +592,12 @@ def run_backward(
         grid = lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), pl.B * pl.H_kv)
         args = (q, k, v, do, lse, delta, dk, dv, mod_args, cu_q, cu_k, *common,
                 *strides(dk, packed), *strides(dv, packed), *tail)  # fmt: skip
-        launch(_attn_bwd_dkdv_tuned, attn_bwd_dkdv, grid, args, flags, cfg_dkdv)
+        if separate_dkdv(flags):  # dV, then dK: one accumulator a launch
+            for parts in (1, 2):
+                launch(_attn_bwd_dkdv_parts_tuned, attn_bwd_dkdv, grid, args,
+                       dict(flags, PARTS=parts), cfg_dkdv)  # fmt: skip
+        else:
+            launch(_attn_bwd_dkdv_tuned, attn_bwd_dkdv, grid, args, flags, cfg_dkdv)
     if "dq" in kernels:
         grid = lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), pl.B * pl.H)
         args = (q, k, v, do, lse, delta, dq, mod_args, cu_q, cu_k, *common,

@@ -35,6 +35,11 @@ HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # any head dim; the tiles are padded to 
 # still runs padded. scripts/hopper/h200_headdims.py times both ways; the head dims where two
 # chunks measure faster belong here.
 SPLIT_HEAD_DIMS: frozenset[int] = frozenset()
+# Head dims whose dK and dV come from two launches of the dK/dV kernel, dV alone then dK alone, each
+# with one float32 accumulator instead of two, so that a program can own 128 keys at widths where
+# the fused kernel spills (`bwd.dkdv_parts_table`): one more block matmul per tile pair (S is
+# recomputed), better-shaped ones. Empty for the same reason as SPLIT_HEAD_DIMS.
+SEPARATE_DKDV_DIMS: frozenset[int] = frozenset()
 # the widths the tables are keyed on: pad_dim of every head dim, and the two-chunk sums
 TILE_WIDTHS = tuple(
     sorted({pad_dim(d) for d in HEAD_DIMS} | {sum(chunk_dims(d)) for d in HEAD_DIMS})
@@ -59,6 +64,11 @@ def tile_width(flags) -> int:
     return max(
         flags["BLOCK_D"] + flags.get("BLOCK_D2", 0), flags["BLOCK_DV"] + flags.get("BLOCK_DV2", 0)
     )
+
+
+def separate_dkdv(flags) -> bool:
+    """Whether the backward computes dV and dK in two launches (SEPARATE_DKDV_DIMS)."""
+    return flags["HEAD_DIM"] in SEPARATE_DKDV_DIMS
 
 
 def head_chunks(d: int) -> tuple[int, int]:

@@ -3,10 +3,12 @@ without a GPU and print ptxas's resource report for each launch config: register
 shared memory, and the count of wgmma instructions in the PTX.
 
 Usage: python scripts/hopper/compile_fa2.py [--d 192 256] [--kernels fwd dkdv dq] [--causal]
-           [--dtype bf16] [--configs "128,64,8,2" ...] [--split] [--tables] [--out FILE.json]
+           [--dtype bf16] [--configs "128,64,8,2" ...] [--split] [--tables] [--parts 1 2]
+           [--out FILE.json]
 Without --configs every entry of the kernel's candidate list (CANDIDATES below) is compiled;
 --tables compiles every entry of the kernels' tables at d's tile width instead, causal and not
-(with --split: the two-chunk width, `tiles.chunk_dims`).
+(with --split: the two-chunk width, `tiles.chunk_dims`; with --parts 1 2: the dK/dV kernel as two
+launches, dV alone and dK alone, over `bwd.dkdv_parts_table`).
 The specialisation matches a real launch at B = 4, H = 16, N = 4096: every pointer and every stride
 16-aligned, the lengths not specialised (the kernels' do_not_specialize).
 A config is usable when ptxas reports no spill and its shared memory fits the 227 KB an sm_90
@@ -49,14 +51,14 @@ CANDIDATES = {
 }  # fmt: skip
 
 
-def flags(d, causal, dtype, split=False):
+def flags(d, causal, dtype, split=False, parts=3):
     """The constexprs `launch.plan` would give a plain (no window, mod or packing) call."""
     chunks = tiles.chunk_dims(d) if split else (tiles.pad_dim(d), 0)
     return dict(
         HEAD_DIM=d, V_DIM=d, BLOCK_D=chunks[0], BLOCK_DV=chunks[0], BLOCK_D2=chunks[1],
         BLOCK_DV2=chunks[1], HAS_LEFT=False, HAS_RIGHT=causal, SCORE_MOD=score_mods.identity,
         HAS_MOD=False, VARLEN=False, UPCAST=False, PRECISION="tf32", SCORE_GRAD=score_mods.identity,
-        HAS_GRAD=False, SCALE_POS=True,
+        HAS_GRAD=False, SCALE_POS=True, PARTS=parts,
     )  # fmt: skip
 
 
@@ -68,10 +70,10 @@ def code_hash(ptx: str) -> str:
     return hashlib.sha256("\n".join(keep).encode()).hexdigest()[:12]
 
 
-def compile_one(kernel, d, causal, config, dtype="bf16", split=False):
+def compile_one(kernel, d, causal, config, dtype="bf16", split=False, parts=3):
     fn = KERNELS[kernel]
     bm, bn, warps, stages = config
-    const = {k: v for k, v in flags(d, causal, dtype, split).items() if k in fn.arg_names}
+    const = {k: v for k, v in flags(d, causal, dtype, split, parts).items() if k in fn.arg_names}
     const.update(BLOCK_M=bm, BLOCK_N=bn)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -102,7 +104,8 @@ def compile_one(kernel, d, causal, config, dtype="bf16", split=False):
     text = r.stdout + r.stderr
     num = lambda pat: max([int(x) for x in re.findall(pat, text)] or [-1])
     row = dict(
-        kernel=kernel, d=d, causal=causal, dtype=dtype, split=split, config=list(config),
+        kernel=kernel, d=d, causal=causal, dtype=dtype, split=split, parts=parts,
+        config=list(config),
         registers=num(r"Used (\d+) registers"), spill_stores=num(r"(\d+) bytes spill stores"),
         spill_loads=num(r"(\d+) bytes spill loads"), stack=num(r"(\d+) bytes stack frame"),
         smem=k.metadata.shared, wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
@@ -122,10 +125,14 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="*", default=None)
     ap.add_argument("--split", action="store_true", help="the split head dim (tiles.chunk_dims)")
     ap.add_argument("--tables", action="store_true", help="the tables' entries, causal and not")
+    parts = "dK/dV kernel: 3 both, 1 dV alone, 2 dK alone (`bwd.dkdv_parts_table`)"
+    ap.add_argument("--parts", type=int, nargs="+", default=[3], help=parts)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     rows = []
     tables = {"fwd": fwd.fwd_table, "dkdv": bwd.dkdv_table, "dq": bwd.dq_table}
+    if a.parts != [3]:
+        tables["dkdv"] = bwd.dkdv_parts_table
     for d in a.d:
         width = sum(tiles.chunk_dims(d)) if a.split else tiles.pad_dim(d)
         for kernel in a.kernels:
@@ -136,13 +143,14 @@ def main(argv=None):
             else:
                 configs = CANDIDATES[kernel]
             masks = (False, True) if a.tables else (a.causal,)
-            for cfg, causal in [(cfg, c) for cfg in configs for c in masks]:
+            parts = a.parts if kernel == "dkdv" else [3]
+            for cfg, causal, pt in [(cfg, c, p) for cfg in configs for c in masks for p in parts]:
                 try:
-                    row = compile_one(kernel, d, causal, cfg, a.dtype, a.split)
+                    row = compile_one(kernel, d, causal, cfg, a.dtype, a.split, pt)
                 except Exception as e:  # a config that does not compile is a row too
                     err = f"{type(e).__name__}: {str(e)[:300]}"
                     row = dict(kernel=kernel, d=d, causal=causal, config=list(cfg), split=a.split,
-                               error=err, usable=False)  # fmt: skip
+                               parts=pt, error=err, usable=False)  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.out:

@@ -1,7 +1,8 @@
 """Head dims outside 64/128 on an H200: the FA2 kernels' launch configs, padded and in two chunks
-(`flashedu.kernels.tiles.chunk_dims`: 192 = 128 + 64), each checked and timed, then the best beside
-`flashedu.attention(impl="auto")` as the library runs today and SDPA's FLASH and cuDNN backends,
-all written to one JSON file.
+(`flashedu.kernels.tiles.chunk_dims`: 192 = 128 + 64), with dK and dV in one launch and (above
+width 128) in two (`launch.SEPARATE_DKDV_DIMS`), each checked and timed, then the best of each
+beside `flashedu.attention(impl="auto")` as the library runs today and SDPA's FLASH and cuDNN
+backends, all written to one JSON file.
 
 Usage (repository root, on an sm_90 GPU):
     python3 scripts/hopper/h200_headdims.py --out RESULT.json [--dims 192 256 96 80 40 111]
@@ -10,11 +11,11 @@ Usage (repository root, on an sm_90 GPU):
 First every kernel and config the run will launch is compiled in --workers processes (Triton's disk
 cache; at most --warm seconds). Then the head dims run in the order given, each in two steps:
 `sweep` (every candidate config of each kernel, timed alone at B = 4, H = 16, N = 4096 bf16,
-non-causal and causal, padded and, where `chunk_dims` splits d, in two chunks) and `compare`
-(forward and forward + backward: impl="auto"; the fastest correct configs of the sweep, padded and
-split; FLASH; cuDNN; bf16, and fp16 at d = 192). The JSON is rewritten after every step; no step
-starts after --budget seconds and no config or row after --hard seconds, so the call ends inside 10
-minutes and a run cut short keeps what it measured (what it skipped is listed).
+non-causal and causal, in each of `modes(d)`) and `compare` (forward and forward + backward:
+impl="auto"; the fastest correct configs of each mode; FLASH; cuDNN; bf16, and fp16 at d = 192). The
+JSON is rewritten after every step; no step starts after --budget seconds and no config or row after
+--hard seconds, so the call ends inside 10 minutes and a run cut short keeps what it measured (what
+it skipped is listed).
 
 Correctness rule (as scripts/hopper/h200_backward.py): fresh random inputs for every check (a
 ragged GQA case, 4 query heads over 2 K/V heads, 777 queries x 1301 keys, with the row's mask),
@@ -50,7 +51,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashedu
 from flashedu.kernels import bwd, fwd, launch
-from flashedu.kernels.tiles import chunk_dims
+from flashedu.kernels.tiles import chunk_dims, pad_dim
 from flashedu.traffic import attention_flops
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -71,15 +72,34 @@ CANDIDATES = {
 }
 
 
-def candidates(width, d):
+def candidates(width, d, sep=False):
     """The configs to try at a tile width: the list above, else the tables' own entries; only the
     tables' first entries for a padded head dim that also runs split (its padded tiles were swept
-    in h200_backward.json's "wide" run)."""
+    in h200_backward.json's "wide" run). sep: dK/dV in two launches (`bwd.dkdv_parts_table`)."""
     table = dict(fwd=fwd.fwd_table(width, False), dkdv=bwd.dkdv_table(width, False),
                  dq=bwd.dq_table(width, False))  # fmt: skip
     if chunk_dims(d)[1] and width > sum(chunk_dims(d)):
-        return {kern: c[:1] for kern, c in table.items()}
-    return CANDIDATES.get(width, table)
+        table = {kern: c[:1] for kern, c in table.items()}
+    else:
+        table = CANDIDATES.get(width, table)
+    if sep:
+        table = dict(table, dkdv=bwd.dkdv_parts_table(width, False))
+    return table
+
+
+def modes(d):
+    """(split, separate) ways to run head dim d: padded and, where `chunk_dims` splits d, in two
+    chunks; each with dK and dV in one launch and, above width 128, in two
+    (`launch.SEPARATE_DKDV_DIMS`)."""
+    out = []
+    for sp in (False, True) if chunk_dims(d)[1] else (False,):
+        width = sum(chunk_dims(d)) if sp else pad_dim(d)
+        out += [(sp, sep) for sep in ((False, True) if width > 128 else (False,))]
+    return out
+
+
+def variant(sp, sep):
+    return ("fa2_split" if sp else "fa2_padded") + ("_sep" if sep else "")
 
 
 class Deadline:
@@ -94,14 +114,16 @@ class Deadline:
 
 
 @contextlib.contextmanager
-def split(d, on):
-    """Run head dim d in two chunks (on) or padded (off), whatever the library's default."""
-    old = launch.SPLIT_HEAD_DIMS
-    launch.SPLIT_HEAD_DIMS = (old | {d}) if on else (old - {d})
+def mode(d, sp, sep=False):
+    """Run head dim d in two chunks (sp) or padded, its dK and dV in two launches (sep) or one,
+    whatever the library's defaults."""
+    old = launch.SPLIT_HEAD_DIMS, launch.SEPARATE_DKDV_DIMS
+    launch.SPLIT_HEAD_DIMS = (old[0] | {d}) if sp else (old[0] - {d})
+    launch.SEPARATE_DKDV_DIMS = (old[1] | {d}) if sep else (old[1] - {d})
     try:
         yield
     finally:
-        launch.SPLIT_HEAD_DIMS = old
+        launch.SPLIT_HEAD_DIMS, launch.SEPARATE_DKDV_DIMS = old
 
 
 def cfg(t):
@@ -235,39 +257,46 @@ def _time_config(res, checker, ctx, kern, use):
 
 
 def sweep(res, d, gen):
-    """Each kernel's candidates alone, bf16, padded and (where d splits) in two chunks; the others
-    at their list's first entry. The fastest correct config of each kernel goes to res["best"]."""
+    """Each kernel's candidates alone, bf16, in each of `modes(d)`; the others at their list's
+    first entry (two-launch dK/dV: that kernel only). The fastest correct config of each kernel
+    goes to res["best"]."""
     B, H, N = SHAPE
     q, k, v, do = (rand((B, H, N, d), BF16, gen) for _ in range(4))
     for causal in (False, True):
         checker = Checker(d, causal, BF16, gen)
-        for sp in (False, True) if chunk_dims(d)[1] else (False,):
-            with split(d, sp):
+        for sp, sep in modes(d):
+            with mode(d, sp, sep):
                 pl = launch.plan(q, k, v, causal, None, None, None, None, "h200_headdims")
                 width = launch.tile_width(pl.flags)
-                cands = candidates(width, d)
+                cands = candidates(width, d, sep)
                 first = {kern: c[0] for kern, c in cands.items()}
                 o, lse = fwd.forward(q, k, v, causal=causal, **_kw(first["fwd"]))
                 ctx = (d, causal, sp, width, q, k, v, do, o, lse, pl)
-                best = {}
+                fused = _best(res, d, causal, sp, False, whole=False) if sep else None
+                best = {kn: (tuple(fused[kn]), fused["ms"][kn]) for kn in ("fwd", "dq")
+                        if fused and kn in fused}  # fmt: skip
                 for kern, configs in cands.items():
+                    if sep and kern != "dkdv":
+                        continue
                     for t in configs:
                         if Deadline.passed():
-                            res["skipped"].append(f"sweep d={d} {causal} {sp} {kern} {t}")
+                            res["skipped"].append(f"sweep d={d} {causal} {sp} {sep} {kern} {t}")
                             continue
                         row = _time_config(res, checker, ctx, kern, dict(first, **{kern: t}))
+                        row["separate"] = sep
                         ms = row.get("ms", float("nan"))
                         if row["ok"] and ms == ms and ms < best.get(kern, (None, math.inf))[1]:
                             best[kern] = (t, ms)
-                res["best"].append(dict(d=d, causal=causal, split=sp, width=width,
+                res["best"].append(dict(d=d, causal=causal, split=sp, separate=sep, width=width,
                                         **{kn: list(b[0]) for kn, b in best.items()},
                                         ms={kn: b[1] for kn, b in best.items()}))  # fmt: skip
 
 
-def _best(res, d, causal, sp):
+def _best(res, d, causal, sp, sep, whole=True):
+    """The sweep's best configs for one mode; with whole, only if every kernel has one."""
     for b in res["best"]:
-        if (b["d"], b["causal"], b["split"]) == (d, causal, sp):
-            return b if all(kn in b for kn in ("fwd", "dkdv", "dq")) else None
+        if (b["d"], b["causal"], b["split"], b["separate"]) == (d, causal, sp, sep):
+            return b if not whole or all(kn in b for kn in ("fwd", "dkdv", "dq")) else None
     return None
 
 
@@ -301,14 +330,12 @@ def compare(res, d, gen):
             _add(res, "flashedu_auto", d, dtype, causal, "fwd",
                  lambda: flashedu.attention(q, k, v, causal=causal))  # fmt: skip
             _add(res, "flashedu_auto", d, dtype, causal, "fwd_bwd", auto_fb)
-            for sp in (False, True):
-                b = _best(res, d, causal, sp)
-                if b is None:
+            for sp, sep in modes(d):
+                b = _best(res, d, causal, sp, sep)
+                if b is None or Deadline.passed():
                     continue
-                name = "fa2_split" if sp else "fa2_padded"
-                if Deadline.passed():
-                    continue
-                with split(d, sp):
+                name = variant(sp, sep)
+                with mode(d, sp, sep):
                     ok, errs = Checker(d, causal, dtype, gen).check("all", b["fwd"], b["dkdv"],
                                                                     b["dq"])  # fmt: skip
                     pl = launch.plan(q, k, v, causal, None, None, None, None, "h200_headdims")
@@ -348,12 +375,12 @@ def compare(res, d, gen):
 def _warm_job(job):
     """Compile one kernel with one config: launch it once on a small input whose strides have the
     same divisibility as the timed shape's (so Triton's disk cache serves the timed launch)."""
-    d, causal, sp, kern, t, dt = job
+    d, causal, sp, sep, kern, t, dt = job
     dtype = BF16 if dt == "bf16" else FP16
     try:
-        with split(d, sp):
+        with mode(d, sp, sep):
             q, k, v, do = (torch.randn(1, 2, 256, d, device=DEVICE, dtype=dtype) for _ in range(4))
-            first = candidates(launch.tile_width(_flags(q, causal)), d)
+            first = candidates(launch.tile_width(_flags(q, causal)), d, sep)
             use = dict({kern_: c[0] for kern_, c in first.items()}, **{kern: t})
             o, lse = fwd.forward(q, k, v, causal=causal, **_kw(use["fwd"]))
             if kern != "fwd":
@@ -379,11 +406,14 @@ def warm(dims, workers, seconds):
     for d in dims:
         q = torch.empty(1, 1, 1, d, device=DEVICE, dtype=BF16)
         for causal in (False, True):
-            for sp in (False, True) if chunk_dims(d)[1] else (False,):
-                with split(d, sp):
-                    cands = candidates(launch.tile_width(_flags(q, causal)), d)
+            for sp, sep in modes(d):
+                with mode(d, sp, sep):
+                    cands = candidates(launch.tile_width(_flags(q, causal)), d, sep)
+                if sep:
+                    cands = dict(dkdv=cands["dkdv"])
                 for dt in ("bf16", "fp16") if d == 192 else ("bf16",):
-                    jobs += [(d, causal, sp, kern, t, dt) for kern, c in cands.items() for t in c]
+                    jobs += [(d, causal, sp, sep, kern, t, dt)
+                             for kern, c in cands.items() for t in c]  # fmt: skip
     t0, failed = time.time(), []
     with mp.get_context("spawn").Pool(workers) as pool:
         for i, r in enumerate(pool.imap_unordered(_warm_job, jobs)):
@@ -400,13 +430,14 @@ def summary(res):
     """One line per (dtype, d, causal, pass): the fastest flashedu row against FLASH and cuDNN."""
     rows = res["rows"]
     keys = sorted({(r["dtype"], r["d"], r["causal"], r["pass"]) for r in rows})
-    print(f"{'case':28s} {'auto':>6s} {'split':>6s} {'padded':>6s} {'FLASH':>6s} {'cuDNN':>6s}")
+    names = ("flashedu_auto", "fa2_padded", "fa2_padded_sep", "fa2_split", "fa2_split_sep",
+             "sdpa_flash", "sdpa_cudnn")  # fmt: skip
+    print(f"{'case':28s}  auto   pad  pad2 split split2 FLASH cuDNN   (TFLOP/s; 2: dK, dV apart)")
     for key in keys:
         got = {r["kernel"]: r["tflops"] for r in rows
                if (r["dtype"], r["d"], r["causal"], r["pass"]) == key}  # fmt: skip
-        cells = [got.get(n, float("nan")) for n in ("flashedu_auto", "fa2_split", "fa2_padded",
-                                                    "sdpa_flash", "sdpa_cudnn")]  # fmt: skip
-        print(f"{str(key):28s} " + " ".join(f"{c:6.0f}" for c in cells), flush=True)
+        cells = [got.get(n, float("nan")) for n in names]
+        print(f"{str(key):28s} " + " ".join(f"{c:5.0f}" for c in cells), flush=True)
 
 
 def main(argv=None):
@@ -436,6 +467,7 @@ def main(argv=None):
         cudnn=torch.backends.cudnn.version(), python=platform.python_version(),
         command="python3 " + " ".join(sys.argv), matmul_bf16_tflops=mm,
         split_head_dims_default=sorted(launch.SPLIT_HEAD_DIMS),
+        separate_dkdv_dims_default=sorted(launch.SEPARATE_DKDV_DIMS),
         candidates={str(w): c for w, c in CANDIDATES.items()},
         sweep=[], best=[], rows=[], skipped=[],
     )  # fmt: skip
