@@ -37,6 +37,7 @@ from .launch import (
     out_dtype,
     plan,
     rows_contiguous,
+    separate_dkdv,
     strides,
 )
 from .score_mods import identity
@@ -81,13 +82,17 @@ def _visible_t(
 
 @triton.jit
 def dkdv_inner(
-    dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start, end, cols, b, h, ARGS, sm_scale,
-    N_q, N_k, offset, LEFT, RIGHT,
+    dk, dv, dk2, dv2, k, v, k2, v2, Q, DO, LSE, DELTA, stride_qm, stride_dm, start, end, cols, b,
+    h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr,
     HAS_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, HAS_GRAD: tl.constexpr, MASK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_DV2: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
+    """Stream query blocks start..end past the key tile. k2, v2, dk2, dv2: the head dims' second
+    chunks (`tiles.chunk_dims`) when BLOCK_D2 / BLOCK_DV2 > 0, else unused. PARTS: which
+    gradients to accumulate, 1 dV, 2 dK, 3 both."""
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
     for start_m in tl.range(start, end, BLOCK_M):
@@ -105,6 +110,14 @@ def dkdv_inner(
         if UPCAST:
             q = q.to(tl.float32)
         qk_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = S^T
+        q2 = q  # one chunk: an unused stand-in
+        if BLOCK_D2 > 0:  # the second chunk of q . k, into the same scores
+            dims2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+            q2 = load_tile(Q + rows[:, None] * stride_qm + dims2[None, :], rows, N_q, dims2,
+                           HEAD_DIM, BLOCK_D + BLOCK_D2, MASK)  # fmt: skip
+            if UPCAST:
+                q2 = q2.to(tl.float32)
+            qk_t = tl.dot(k2, tl.trans(q2), qk_t, input_precision=PRECISION)
         if HAS_MOD:
             s_nat = qk_t * sm_scale
             s_t = SCORE_MOD(s_nat, b, h, rows[None, :] + offset, cols[:, None], ARGS)
@@ -116,22 +129,37 @@ def dkdv_inner(
             keep = _visible_t(rows, cols, N_q, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
             p_t = tl.where(keep, p_t, 0.0)
         do = load_tile(do_ptrs, rows, N_q, dims_v, V_DIM, BLOCK_DV, MASK)
-        if MASK:
-            delta = tl.load(DELTA + rows, mask=rows < N_q, other=0.0)
-        else:
-            delta = tl.load(DELTA + rows)
+        if PARTS & 2:
+            if MASK:
+                delta = tl.load(DELTA + rows, mask=rows < N_q, other=0.0)
+            else:
+                delta = tl.load(DELTA + rows)
         if UPCAST:
             do = do.to(tl.float32)
         # forward: o_i = sum_j p_ij v_j  ->  backward: dv_j += p_ij * do_i
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # (BLOCK_N, d_v)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = dP^T
-        ds_t = p_t * (dp_t - delta[None, :])  # softmax Jacobian, row by row
-        if HAS_GRAD:  # chain rule through the score mod
-            ds_t = ds_t * SCORE_GRAD(s_nat, b, h, rows[None, :] + offset, cols[:, None], ARGS)
-        dk = tl.dot(
-            ds_t.to(q.dtype), q, dk, input_precision=PRECISION
-        )  # (BLOCK_N, d), scaled later
-    return dk, dv
+        if PARTS & 1:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)  # (BLOCK_N, d_v)
+        if PARTS & 2:
+            dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = dP^T
+        if BLOCK_DV2 > 0:  # the value's second chunk: its own dV, and its share of dP
+            dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+            do2 = load_tile(DO + rows[:, None] * stride_dm + dims_v2[None, :], rows, N_q, dims_v2,
+                            V_DIM, BLOCK_DV + BLOCK_DV2, MASK)  # fmt: skip
+            if UPCAST:
+                do2 = do2.to(tl.float32)
+            if PARTS & 1:
+                dv2 = tl.dot(p_t.to(do2.dtype), do2, dv2, input_precision=PRECISION)
+            if PARTS & 2:
+                dp_t = tl.dot(v2, tl.trans(do2), dp_t, input_precision=PRECISION)
+        if PARTS & 2:
+            ds_t = p_t * (dp_t - delta[None, :])  # softmax Jacobian, row by row
+            if HAS_GRAD:  # chain rule through the score mod
+                ds_t = ds_t * SCORE_GRAD(s_nat, b, h, rows[None, :] + offset, cols[:, None], ARGS)
+            # (BLOCK_N, d), scaled by sm_scale at the store
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+            if BLOCK_D2 > 0:
+                dk2 = tl.dot(ds_t.to(q2.dtype), q2, dk2, input_precision=PRECISION)
+    return dk, dv, dk2, dv2
 
 
 @triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "H", "GROUP", "N_KEY", "stride_lb",
@@ -146,10 +174,13 @@ def attn_bwd_dkdv(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr,
     HAS_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, HAS_GRAD: tl.constexpr,
     VARLEN: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
+    PARTS: tl.constexpr = 3,
 ):  # fmt: skip
     """One program: BLOCK_N keys of one (batch, K/V head). Grid (cdiv(N_k, BLOCK_N), B * H_kv).
-    VARLEN: as in `_attn_fwd`, batch b is packed sequence b."""
+    VARLEN: as in `_attn_fwd`, batch b is packed sequence b. BLOCK_D2, BLOCK_DV2 > 0: the head
+    dims in two chunks each (`tiles.chunk_dims`). PARTS: 3 computes dK and dV; 1 dV alone and 2
+    dK alone (`launch.SEPARATE_DKDV_DIMS`), each with one accumulator."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     H_kv = H // GROUP
@@ -180,6 +211,21 @@ def attn_bwd_dkdv(
         k, v = k.to(tl.float32), v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    k2, dk2, v2, dv2 = k, dk, v, dv  # one chunk: unused stand-ins
+    if BLOCK_D2 > 0:  # second chunks of k and v (columns BLOCK_D.., masked past d) and of dK, dV
+        dims2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        k2 = load_tile(K + cols[:, None] * stride_kn + dims2[None, :], cols, N_k, dims2, HEAD_DIM,
+                       BLOCK_D + BLOCK_D2, True)  # fmt: skip
+        if UPCAST:
+            k2 = k2.to(tl.float32)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
+    if BLOCK_DV2 > 0:
+        dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        v2 = load_tile(V + cols[:, None] * stride_vn + dims_v2[None, :], cols, N_k, dims_v2, V_DIM,
+                       BLOCK_DV + BLOCK_DV2, True)  # fmt: skip
+        if UPCAST:
+            v2 = v2.to(tl.float32)
+        dv2 = tl.zeros([BLOCK_N, BLOCK_DV2], dtype=tl.float32)
     last = tl.minimum(pid_n * BLOCK_N + BLOCK_N, N_k) - 1
     # Queries seeing key j: j - offset - RIGHT <= i <= j - offset + LEFT (the forward's range,
     # mirrored).
@@ -195,42 +241,53 @@ def attn_bwd_dkdv(
         DELTAh = DELTA + row0
         ARGS = MOD_ARGS + b * stride_ab + h * stride_ah
         if HAS_RIGHT:  # queries on the causal diagonal (or the window's right edge)
-            dk, dv = dkdv_inner(
-                dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, lo, full_lo, cols, b, h,
-                ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD,
-                HAS_MOD, SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_M, HEAD_DIM, V_DIM,
-                BLOCK_D, BLOCK_DV,
+            dk, dv, dk2, dv2 = dkdv_inner(
+                dk, dv, dk2, dv2, k, v, k2, v2, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, lo,
+                full_lo, cols, b, h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT,
+                HAS_RIGHT, SCORE_MOD, HAS_MOD, SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION,
+                BLOCK_M, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2, PARTS,
             )  # fmt: skip
-        dk, dv = dkdv_inner(
-            dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, full_lo, full_hi, cols, b, h,
-            ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD,
-            SCORE_GRAD, HAS_GRAD, False, UPCAST, PRECISION, BLOCK_M, HEAD_DIM, V_DIM, BLOCK_D,
-            BLOCK_DV,
+        dk, dv, dk2, dv2 = dkdv_inner(
+            dk, dv, dk2, dv2, k, v, k2, v2, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, full_lo,
+            full_hi, cols, b, h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT,
+            SCORE_MOD, HAS_MOD, SCORE_GRAD, HAS_GRAD, False, UPCAST, PRECISION, BLOCK_M, HEAD_DIM,
+            V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2, PARTS,
         )  # fmt: skip
-        dk, dv = dkdv_inner(
-            dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, full_hi, hi, cols, b, h,
-            ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD,
-            SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_M, HEAD_DIM, V_DIM, BLOCK_D,
-            BLOCK_DV,
+        dk, dv, dk2, dv2 = dkdv_inner(
+            dk, dv, dk2, dv2, k, v, k2, v2, Qh, DOh, LSEh, DELTAh, stride_qm, stride_dm, full_hi,
+            hi, cols, b, h, ARGS, sm_scale, N_q, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT,
+            SCORE_MOD, HAS_MOD, SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_M, HEAD_DIM,
+            V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2, BLOCK_DV2, PARTS,
         )  # fmt: skip
     DK += b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh + k_start * stride_dkn
     DV += b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh + k_start * stride_dvn
     # HBM: write BLOCK_N * (d + d_v)
-    store_tile(DK + cols[:, None] * stride_dkn + dims[None, :], (dk * sm_scale).to(
-        DK.dtype.element_ty), cols, N_k, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
-    store_tile(DV + cols[:, None] * stride_dvn + dims_v[None, :], dv.to(DV.dtype.element_ty), cols,
-               N_k, dims_v, V_DIM, BLOCK_DV)  # fmt: skip
+    if PARTS & 2:
+        store_tile(DK + cols[:, None] * stride_dkn + dims[None, :], (dk * sm_scale).to(
+            DK.dtype.element_ty), cols, N_k, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
+    if PARTS & 1:
+        store_tile(DV + cols[:, None] * stride_dvn + dims_v[None, :], dv.to(DV.dtype.element_ty),
+                   cols, N_k, dims_v, V_DIM, BLOCK_DV)  # fmt: skip
+    if BLOCK_D2 > 0 and PARTS & 2:
+        store_tile(DK + cols[:, None] * stride_dkn + dims2[None, :], (dk2 * sm_scale).to(
+            DK.dtype.element_ty), cols, N_k, dims2, HEAD_DIM, BLOCK_D + BLOCK_D2)  # fmt: skip
+    if BLOCK_DV2 > 0 and PARTS & 1:
+        store_tile(DV + cols[:, None] * stride_dvn + dims_v2[None, :], dv2.to(
+            DV.dtype.element_ty), cols, N_k, dims_v2, V_DIM, BLOCK_DV + BLOCK_DV2)  # fmt: skip
 
 
 @triton.jit
 def dq_inner(
-    dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start, end, rows, b, h, ARGS, sm_scale,
-    N_k, offset, LEFT, RIGHT,
+    dq, dq2, q, q2, do, do2, lse2, delta, K, V, stride_kn, stride_vn, start, end, rows, b, h, ARGS,
+    sm_scale, N_k, offset, LEFT, RIGHT,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr,
     HAS_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, HAS_GRAD: tl.constexpr, MASK: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_DV2: tl.constexpr,
 ):  # fmt: skip
+    """Stream key blocks start..end past the query tile. q2, do2, dq2: the head dims' second
+    chunks (`tiles.chunk_dims`) when BLOCK_D2 / BLOCK_DV2 > 0, else unused."""
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
     for start_n in tl.range(start, end, BLOCK_N):
@@ -243,6 +300,14 @@ def dq_inner(
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+        k2 = k  # one chunk: an unused stand-in
+        if BLOCK_D2 > 0:  # the second chunk of q . k, into the same scores
+            dims2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+            k2 = load_tile(K + cols[:, None] * stride_kn + dims2[None, :], cols, N_k, dims2,
+                           HEAD_DIM, BLOCK_D + BLOCK_D2, MASK)  # fmt: skip
+            if UPCAST:
+                k2 = k2.to(tl.float32)
+            qk = tl.dot(q2, tl.trans(k2), qk, input_precision=PRECISION)
         if HAS_MOD:
             s_nat = qk * sm_scale
             s = SCORE_MOD(s_nat, b, h, rows[:, None] + offset, cols[None, :], ARGS)
@@ -254,11 +319,20 @@ def dq_inner(
             keep = visible(rows, cols, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+        if BLOCK_DV2 > 0:  # the value's second chunk's share of dP
+            dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+            v2 = load_tile(V + cols[:, None] * stride_vn + dims_v2[None, :], cols, N_k, dims_v2,
+                           V_DIM, BLOCK_DV + BLOCK_DV2, MASK)  # fmt: skip
+            if UPCAST:
+                v2 = v2.to(tl.float32)
+            dp = tl.dot(do2, tl.trans(v2), dp, input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         if HAS_GRAD:  # chain rule through the score mod
             ds = ds * SCORE_GRAD(s_nat, b, h, rows[:, None] + offset, cols[None, :], ARGS)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)  # (BLOCK_M, d), scaled later
-    return dq
+        if BLOCK_D2 > 0:
+            dq2 = tl.dot(ds.to(k2.dtype), k2, dq2, input_precision=PRECISION)
+    return dq, dq2
 
 
 @triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "H", "GROUP", "N_KEY", "stride_lb",
@@ -273,9 +347,10 @@ def attn_bwd_dq(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr,
     HAS_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, HAS_GRAD: tl.constexpr,
     VARLEN: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):  # fmt: skip
-    """One program: BLOCK_M query rows of one (batch, head). Grid (cdiv(N_q, BLOCK_M), B * H)."""
+    """One program: BLOCK_M query rows of one (batch, head). Grid (cdiv(N_q, BLOCK_M), B * H).
+    BLOCK_D2, BLOCK_DV2 > 0: the head dims in two chunks each (`tiles.chunk_dims`)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -313,31 +388,50 @@ def attn_bwd_dq(
     if UPCAST:
         q, do = q.to(tl.float32), do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    q2, dq2, do2 = q, dq, do  # one chunk: unused stand-ins
+    if BLOCK_D2 > 0:  # second chunks of q (columns BLOCK_D.., masked past d) and of dQ
+        dims2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        q2 = load_tile(Q + rows[:, None] * stride_qm + dims2[None, :], rows, N_q, dims2, HEAD_DIM,
+                       BLOCK_D + BLOCK_D2, True)  # fmt: skip
+        if UPCAST:
+            q2 = q2.to(tl.float32)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
+    if BLOCK_DV2 > 0:
+        dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        do2 = load_tile(DO + rows[:, None] * stride_dm + dims_v2[None, :], rows, N_q, dims_v2,
+                        V_DIM, BLOCK_DV + BLOCK_DV2, True)  # fmt: skip
+        if UPCAST:
+            do2 = do2.to(tl.float32)
     last = tl.minimum(pid_m * BLOCK_M + BLOCK_M, N_q) - 1
     lo, full_lo, full_hi, hi = block_range(
         pid_m * BLOCK_M, last, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N
     )
     if HAS_LEFT:
-        dq = dq_inner(
-            dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, lo, full_lo, rows, b, h, ARGS,
-            sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD,
+        dq, dq2 = dq_inner(
+            dq, dq2, q, q2, do, do2, lse2, delta, K, V, stride_kn, stride_vn, lo, full_lo, rows, b,
+            h, ARGS, sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD,
             SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D,
-            BLOCK_DV,
+            BLOCK_DV, BLOCK_D2, BLOCK_DV2,
         )  # fmt: skip
-    dq = dq_inner(
-        dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, full_lo, full_hi, rows, b, h, ARGS,
-        sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, SCORE_GRAD,
-        HAS_GRAD, False, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+    dq, dq2 = dq_inner(
+        dq, dq2, q, q2, do, do2, lse2, delta, K, V, stride_kn, stride_vn, full_lo, full_hi, rows, b,
+        h, ARGS, sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD,
+        SCORE_GRAD, HAS_GRAD, False, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+        BLOCK_D2, BLOCK_DV2,
     )  # fmt: skip
-    dq = dq_inner(
-        dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, full_hi, hi, rows, b, h, ARGS,
-        sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, SCORE_GRAD,
-        HAS_GRAD, True, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+    dq, dq2 = dq_inner(
+        dq, dq2, q, q2, do, do2, lse2, delta, K, V, stride_kn, stride_vn, full_hi, hi, rows, b, h,
+        ARGS, sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD,
+        SCORE_GRAD, HAS_GRAD, True, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+        BLOCK_D2, BLOCK_DV2,
     )  # fmt: skip
     DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh + q_start * stride_dqm
     # HBM: write BLOCK_M * d
     store_tile(DQ + rows[:, None] * stride_dqm + dims[None, :], (dq * sm_scale).to(
         DQ.dtype.element_ty), rows, N_q, dims, HEAD_DIM, BLOCK_D)  # fmt: skip
+    if BLOCK_D2 > 0:
+        store_tile(DQ + rows[:, None] * stride_dqm + dims2[None, :], (dq2 * sm_scale).to(
+            DQ.dtype.element_ty), rows, N_q, dims2, HEAD_DIM, BLOCK_D + BLOCK_D2)  # fmt: skip
 
 
 def dkdv_table(d, wide):
@@ -346,10 +440,19 @@ def dkdv_table(d, wide):
     and the GPU check checks every entry."""
     if wide:
         return [(16, 64, 8, 1)] if d <= 128 else [(16, 16, 4, 1)]
+    if d == 48:  # 48 = 32 + 16 in two chunks (as below), spill-free first
+        return [(32, 64, 4, 2), (32, 64, 8, 2), (64, 64, 4, 3)]
     if d <= 64:
         return [(64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2)]
     if d == 128:
         return [(32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2)]
+    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles first, not yet timed
+    if d < 128:
+        return [(32, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2)]
+    if d <= 192:
+        return [(16, 64, 8, 3), (16, 64, 8, 2), (32, 64, 8, 2), (32, 64, 8, 1)]
+    # d 129-256 padded: the fastest of six tiles on the H200 (GPU_NOTES.md, "Gluon backward",
+    # run 4), though it spills (136 bytes at d = 192); every tile tried spills at this width
     return [(32, 64, 8, 2)]
 
 
@@ -363,15 +466,34 @@ def dq_table(d, wide):
         return [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
+    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles, not yet timed
+    if d < 128:
+        return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
+    if d <= 192:
+        return [(128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3)]
     # d 129-256: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward", run 4:
     # 3.39 ms at d = 192 against 9.04 for the former (32, 32, 4, 2))
     return [(128, 32, 8, 2)]
 
 
+def dkdv_parts_table(d, wide):
+    """(BLOCK_M, BLOCK_N, warps, stages) for the dK/dV kernel run as two launches, dV alone then
+    dK alone (`launch.SEPARATE_DKDV_DIMS`), both with the same config; `dkdv_table`'s entries up
+    to width 128. Above it 128 keys a program, which the fused kernel cannot hold: at
+    (32, 128, 8, 2) sm_90a compiles of d = 192 in two chunks spill nothing but the causal dK
+    launch (116 B), d = 256 padded 0-232 B, against 136-280 B for the fused (32, 64, 8, 2)
+    (notebooks/results/sm90_compile_headdims.json); not yet timed."""
+    if wide or d <= 128:
+        return dkdv_table(d, wide)
+    return [(32, 128, 8, 2), (32, 64, 8, 2), (64, 128, 8, 1)]
+
+
 _attn_bwd_dkdv_tuned = autotuned(attn_bwd_dkdv, dkdv_table, MASK_KEY)
+_attn_bwd_dkdv_parts_tuned = autotuned(attn_bwd_dkdv, dkdv_parts_table, MASK_KEY + ["PARTS"])
 _attn_bwd_dq_tuned = autotuned(attn_bwd_dq, dq_table, MASK_KEY)
 # The autotuned kernels by pass, for the GPU check (as `fwd.AUTOTUNED`).
-AUTOTUNED = {"dkdv": _attn_bwd_dkdv_tuned, "dq": _attn_bwd_dq_tuned}
+AUTOTUNED = {"dkdv": _attn_bwd_dkdv_tuned, "dkdv_parts": _attn_bwd_dkdv_parts_tuned,
+             "dq": _attn_bwd_dq_tuned}  # fmt: skip
 
 
 def backward(
@@ -470,7 +592,12 @@ def run_backward(
         grid = lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), pl.B * pl.H_kv)
         args = (q, k, v, do, lse, delta, dk, dv, mod_args, cu_q, cu_k, *common,
                 *strides(dk, packed), *strides(dv, packed), *tail)  # fmt: skip
-        launch(_attn_bwd_dkdv_tuned, attn_bwd_dkdv, grid, args, flags, cfg_dkdv)
+        if separate_dkdv(flags):  # dV, then dK: one accumulator a launch
+            for parts in (1, 2):
+                launch(_attn_bwd_dkdv_parts_tuned, attn_bwd_dkdv, grid, args,
+                       dict(flags, PARTS=parts), cfg_dkdv)  # fmt: skip
+        else:
+            launch(_attn_bwd_dkdv_tuned, attn_bwd_dkdv, grid, args, flags, cfg_dkdv)
     if "dq" in kernels:
         grid = lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), pl.B * pl.H)
         args = (q, k, v, do, lse, delta, dq, mod_args, cu_q, cu_k, *common,

@@ -23,8 +23,10 @@ from 1 to 256 and a value head dim d_v of its own (tiles padded to a power of tw
 and fp32 inputs (fp32 dots in full IEEE precision, not tf32), fp32 accumulation.
 Limits: no dropout; the last dimension must be contiguous (other strides are free; a tensor whose
 last dimension is strided is copied once); a padded head dim computes on the padded width (d = 80
-costs what d = 128 does); under the interpreter bf16 tiles are upcast to fp32 before `tl.dot` (the
-interpreter's bf16 dot is wrong), so CPU runs are slightly more exact than the GPU for bf16.
+costs what d = 128 does) unless it runs in two chunks (`launch.SPLIT_HEAD_DIMS`, empty until
+measured: 192 = 128 + 64 does three quarters of the padded matmul work); under the interpreter bf16
+tiles are upcast to fp32 before `tl.dot` (the interpreter's bf16 dot is wrong), so CPU runs are
+slightly more exact than the GPU for bf16.
 
 Measured on an H200 (notebooks/results/GPU_NOTES.md): 1.27-1.57x PyTorch SDPA's FLASH backend
 forward and 1.19-1.34x forward + backward at N >= 2048, bf16/fp16, d 64/128; 0.67-0.97x its cuDNN
@@ -61,13 +63,16 @@ from .tiles import load_tile, store_tile
 
 @triton.jit
 def _fwd_inner(
-    acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start, end, rows, b, h, ARGS, sm_scale,
+    acc, acc2, l_i, m_i, q, q2, K, V, stride_kn, stride_vn, start, end, rows, b, h, ARGS, sm_scale,
     N_k, offset, LEFT, RIGHT,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr,
     HAS_MOD: tl.constexpr, MASK: tl.constexpr, SCALE_POS: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D2: tl.constexpr,
+    BLOCK_DV2: tl.constexpr,
 ):  # fmt: skip
+    """Stream key blocks start..end past the query tile. q2, acc2: the second chunk of q and of
+    the output's accumulator (`tiles.chunk_dims`) when BLOCK_D2 / BLOCK_DV2 > 0, else unused."""
     qk_scale = sm_scale * 1.4426950408889634  # exp2 with log2(e) folded into the scale
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
@@ -79,6 +84,13 @@ def _fwd_inner(
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), on chip only
+        if BLOCK_D2 > 0:  # q . k over the head dim's second chunk, added into the same scores
+            dims2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+            k2 = load_tile(K + cols[:, None] * stride_kn + dims2[None, :], cols, N_k, dims2,
+                           HEAD_DIM, BLOCK_D + BLOCK_D2, MASK)  # fmt: skip
+            if UPCAST:
+                k2 = k2.to(tl.float32)
+            qk = tl.dot(q2, tl.trans(k2), qk, input_precision=PRECISION)
         if HAS_MOD or MASK:
             if HAS_MOD:  # the score mod sees scaled scores and positions aligned with the keys
                 s = mod_scores(qk, sm_scale, b, h, rows[:, None] + offset, cols[None, :], ARGS,
@@ -101,6 +113,8 @@ def _fwd_inner(
         alpha = tl.math.exp2(m_i - m_use)  # rescale because the row max moved
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if BLOCK_DV2 > 0:
+            acc2 = acc2 * alpha[:, None]
         # HBM: read BLOCK_N * d_v of V
         v = load_tile(V + cols[:, None] * stride_vn + dims_v[None, :], cols, N_k, dims_v,
                       V_DIM, BLOCK_DV, MASK)  # fmt: skip
@@ -108,8 +122,15 @@ def _fwd_inner(
             v = v.to(tl.float32)
         # (BLOCK_M, d_v) += (BLOCK_M, BLOCK_N) @ (BLOCK_N, d_v)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        if BLOCK_DV2 > 0:  # the value's second chunk: its own accumulator
+            dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+            v2 = load_tile(V + cols[:, None] * stride_vn + dims_v2[None, :], cols, N_k, dims_v2,
+                           V_DIM, BLOCK_DV + BLOCK_DV2, MASK)  # fmt: skip
+            if UPCAST:
+                v2 = v2.to(tl.float32)
+            acc2 = tl.dot(p.to(v2.dtype), v2, acc2, input_precision=PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["N_q", "N_k", "LEFT", "RIGHT", "H", "GROUP", "N_KEY", "stride_lb",
@@ -123,10 +144,12 @@ def _attn_fwd(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr,
     HAS_MOD: tl.constexpr, VARLEN: tl.constexpr, SCALE_POS: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D2: tl.constexpr = 0, BLOCK_DV2: tl.constexpr = 0,
 ):  # fmt: skip
     """One program: BLOCK_M query rows of one (batch, head). Grid (cdiv(N_q, BLOCK_M), B * H).
     VARLEN: batch b is packed sequence b, whose rows CU_Q[b]..CU_Q[b+1] and keys CU_K[b]..CU_K[b+1]
-    replace N_q and N_k; the grid covers the longest sequence and the other programs stop early."""
+    replace N_q and N_k; the grid covers the longest sequence and the other programs stop early.
+    BLOCK_D2, BLOCK_DV2 > 0: the head dims in two chunks each (`tiles.chunk_dims`)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (last) causal blocks start first
     bh = tl.program_id(1)
     b = bh // H
@@ -156,6 +179,16 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    q2 = q  # one chunk: unused stand-ins
+    acc2 = l_i
+    if BLOCK_D2 > 0:  # the head dim's second chunk of q (columns BLOCK_D..), masked past d
+        dims2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        q2 = load_tile(Q + rows[:, None] * stride_qm + dims2[None, :], rows, N_q, dims2,
+                       HEAD_DIM, BLOCK_D + BLOCK_D2, True)  # fmt: skip
+        if UPCAST:
+            q2 = q2.to(tl.float32)
+    if BLOCK_DV2 > 0:
+        acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)
     last = tl.minimum(pid_m * BLOCK_M + BLOCK_M, N_q) - 1
     lo, full_lo, full_hi, hi = block_range(
         pid_m * BLOCK_M, last, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_N
@@ -163,20 +196,23 @@ def _attn_fwd(
     # Three stretches of keys: left mask edge (window), fully visible middle, right mask edge
     # (causal diagonal).
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, K, V, stride_kn, stride_vn, lo, full_lo, rows, b, h, ARGS, sm_scale,
-            N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, True, SCALE_POS,
-            UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+        acc, acc2, l_i, m_i = _fwd_inner(
+            acc, acc2, l_i, m_i, q, q2, K, V, stride_kn, stride_vn, lo, full_lo, rows, b, h, ARGS,
+            sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, True,
+            SCALE_POS, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2,
+            BLOCK_DV2,
         )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, K, V, stride_kn, stride_vn, full_lo, full_hi, rows, b, h, ARGS, sm_scale,
-        N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, False, SCALE_POS,
-        UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+    acc, acc2, l_i, m_i = _fwd_inner(
+        acc, acc2, l_i, m_i, q, q2, K, V, stride_kn, stride_vn, full_lo, full_hi, rows, b, h, ARGS,
+        sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, False,
+        SCALE_POS, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2,
+        BLOCK_DV2,
     )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, K, V, stride_kn, stride_vn, full_hi, hi, rows, b, h, ARGS, sm_scale,
-        N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, True, SCALE_POS,
-        UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV,
+    acc, acc2, l_i, m_i = _fwd_inner(
+        acc, acc2, l_i, m_i, q, q2, K, V, stride_kn, stride_vn, full_hi, hi, rows, b, h, ARGS,
+        sm_scale, N_k, offset, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, SCORE_MOD, HAS_MOD, True,
+        SCALE_POS, UPCAST, PRECISION, BLOCK_N, HEAD_DIM, V_DIM, BLOCK_D, BLOCK_DV, BLOCK_D2,
+        BLOCK_DV2,
     )  # fmt: skip
     empty = l_i == 0.0  # fully masked row: o = 0, lse = -inf
     l_use = tl.where(empty, 1.0, l_i)
@@ -188,6 +224,11 @@ def _attn_fwd(
     # HBM: write BLOCK_M * d_v
     store_tile(O + rows[:, None] * stride_om + dims_v[None, :], o.to(O.dtype.element_ty), rows,
                N_q, dims_v, V_DIM, BLOCK_DV)  # fmt: skip
+    if BLOCK_DV2 > 0:
+        dims_v2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        o2 = acc2 / l_use[:, None]
+        store_tile(O + rows[:, None] * stride_om + dims_v2[None, :], o2.to(O.dtype.element_ty),
+                   rows, N_q, dims_v2, V_DIM, BLOCK_DV + BLOCK_DV2)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,8 +247,15 @@ def fwd_table(d, wide):
         return [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4)]
-    # d 129-256: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward", run 4:
-    # 2.01 ms at d = 192 against 3.46 for the former (64, 32, 4, 3))
+    # Two-chunk widths (launch.SPLIT_HEAD_DIMS; 80 = 64 + 16, 96 = 64 + 32, 144-192 = 128 + 16-64):
+    # tiles that compile for sm_90a without a spill and within shared memory
+    # (scripts/hopper/compile_fa2.py, GPU_NOTES.md "Head dims in two chunks"), not yet timed.
+    if d < 128:
+        return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2)]
+    if d <= 192:
+        return [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)]
+    # d 129-256 padded: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward",
+    # run 4: 2.01 ms at d = 192 against 3.46 for the former (64, 32, 4, 3))
     return [(128, 64, 8, 2)]
 
 

@@ -1,13 +1,13 @@
 """Launch plumbing for the Triton kernels: validation, autotuning, fixed configs, flags.
 
-Every misuse of `kernels.forward` / `backward` fails here before any launch, with the
-argument and the value named (shapes via `flashedu.validation`, then dtype, head dim, device,
-window,
-ALiBi slopes, score mod). `plan` turns one validated call into what the kernels take: sizes, the
-scale, the mask bounds, the score mod and the constexpr flags (head dims and their padded tile
-widths, `flashedu.kernels.tiles`). On a GPU each kernel is wrapped in `triton.autotune` over a short
-table of (BLOCK_M, BLOCK_N, num_warps, num_stages) per tile width, kept beside the kernel; under the
-interpreter (no GPU) a kernel runs with one small fixed config, since autotuning needs a driver.
+Every misuse of `kernels.forward` / `backward` fails here before any launch, with the argument and
+the value named (shapes via `flashedu.validation`, then dtype, head dim, device, window, ALiBi
+slopes, score mod). `plan` turns one validated call into what the kernels take: sizes, the scale,
+the mask bounds, the score mod and the constexpr flags (head dims and their padded tile widths, or
+two chunks each for a head dim in SPLIT_HEAD_DIMS, `flashedu.kernels.tiles`). On a GPU each kernel
+is wrapped in `triton.autotune` over a short table of (BLOCK_M, BLOCK_N, num_warps, num_stages) per
+tile width, kept beside the kernel; under the interpreter (no GPU) a kernel runs with one small
+fixed config, since autotuning needs a driver.
 
 Introduced in notebooks/06_triton_forward.ipynb. Limits: the tables were chosen on one H200
 (notebooks/results/GPU_NOTES.md) for d = 64 and 128 with Ev = E; every other head dim (1 to 256,
@@ -26,11 +26,24 @@ import triton.testing
 from .. import _env
 from ..validation import check_causal, check_qkv, check_slopes, check_window, resolve_scale
 from . import score_mods
-from .tiles import MAX_HEAD_DIM, pad_dim
+from .tiles import MAX_HEAD_DIM, chunk_dims, pad_dim
 
 INTERPRETER = _env.INTERPRETER
 HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # any head dim; the tiles are padded to a power of two
-TILE_WIDTHS = (16, 32, 64, 128, 256)  # pad_dim of every supported head dim
+# Head dims held in two chunks (`tiles.chunk_dims`: 192 = 128 + 64) instead of one padded tile.
+# Empty: the split kernels are compiled and tested, not yet timed on a GPU, so every head dim
+# still runs padded. scripts/hopper/h200_headdims.py times both ways; the head dims where two
+# chunks measure faster belong here.
+SPLIT_HEAD_DIMS: frozenset[int] = frozenset()
+# Head dims whose dK and dV come from two launches of the dK/dV kernel, dV alone then dK alone, each
+# with one float32 accumulator instead of two, so that a program can own 128 keys at widths where
+# the fused kernel spills (`bwd.dkdv_parts_table`): one more block matmul per tile pair (S is
+# recomputed), better-shaped ones. Empty for the same reason as SPLIT_HEAD_DIMS.
+SEPARATE_DKDV_DIMS: frozenset[int] = frozenset()
+# the widths the tables are keyed on: pad_dim of every head dim, and the two-chunk sums
+TILE_WIDTHS = tuple(
+    sorted({pad_dim(d) for d in HEAD_DIMS} | {sum(chunk_dims(d)) for d in HEAD_DIMS})
+)
 TUNED_DIMS = (64, 128)  # head dims the autotune tables were measured on (with Ev = E)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FIXED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)  # the interpreter's one config
@@ -46,8 +59,22 @@ def _cfg(block_m, block_n, num_warps, num_stages):
 
 
 def tile_width(flags) -> int:
-    """The width the tables are keyed on: the wider of the padded key and value tiles."""
-    return max(flags["BLOCK_D"], flags["BLOCK_DV"])
+    """The width the tables are keyed on: the wider of the key and value tiles (padded, or the
+    sum of the two chunks: 192 for d = 128 + 64)."""
+    return max(
+        flags["BLOCK_D"] + flags.get("BLOCK_D2", 0), flags["BLOCK_DV"] + flags.get("BLOCK_DV2", 0)
+    )
+
+
+def separate_dkdv(flags) -> bool:
+    """Whether the backward computes dV and dK in two launches (SEPARATE_DKDV_DIMS)."""
+    return flags["HEAD_DIM"] in SEPARATE_DKDV_DIMS
+
+
+def head_chunks(d: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D2) for head dim d: two chunks where d is in SPLIT_HEAD_DIMS, else one
+    padded tile and 0."""
+    return chunk_dims(d) if d in SPLIT_HEAD_DIMS else (pad_dim(d), 0)
 
 
 def _tuned(flags, wide) -> bool:
@@ -209,10 +236,13 @@ def plan(q, k, v, causal, softmax_scale, window_size, alibi_slopes, score_mod, n
     flags, left, right = kernel_flags(q, scale, bounds, False)
     flags.pop("HAS_ALIBI")
     d_v = v.shape[-1]
+    (block_d, block_d2), (block_dv, block_dv2) = head_chunks(d), head_chunks(d_v)
     flags.update(
         V_DIM=d_v,
-        BLOCK_D=pad_dim(d),
-        BLOCK_DV=pad_dim(d_v),
+        BLOCK_D=block_d,
+        BLOCK_D2=block_d2,
+        BLOCK_DV=block_dv,
+        BLOCK_DV2=block_dv2,
         SCORE_MOD=score_mods.identity if mod is None else mod.fn,
         HAS_MOD=mod is not None,
         VARLEN=batch is not None,

@@ -9,6 +9,12 @@ memory.
 
 When d is already a power of two >= 16 the column mask is left out at compile time (`D == BLOCK_D`
 is a constexpr test), so the head dims the kernels were tuned on compile exactly as before.
+
+Padding wastes work: d = 192 in a 256-wide tile spends a quarter of every matmul on zeros. A head
+dim can instead be held in two chunks (`chunk_dims`): 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16,
+each a power of two, the second masked like a padded tile; every product over d becomes two
+`tl.dot`s added into one accumulator, and every product onto d two accumulators. The kernels take
+the second chunk's width as a constexpr (0: one chunk, the code above).
 The key and the value may have different head dims (E and Ev, as in PyTorch's SDPA): each tile is
 loaded with its own.
 
@@ -26,6 +32,18 @@ MAX_HEAD_DIM = 256
 def pad_dim(d: int) -> int:
     """The tile width for head dim d: the next power of two, at least 16 (a GPU tl.dot needs 16)."""
     return max(16, triton.next_power_of_2(d))
+
+
+def chunk_dims(d: int) -> tuple[int, int]:
+    """(first, second) chunk widths holding head dim d in two power-of-two tiles, or
+    (pad_dim(d), 0) where two chunks cover no fewer columns than one padded tile (d a power of
+    two, or d = 111: 64 + 64 = 128). The first chunk is the largest power of two <= d, so only
+    the second needs a column mask."""
+    first = max(16, triton.next_power_of_2(d + 1) // 2)
+    second = pad_dim(d - first) if d > first else 0
+    if second == 0 or first + second >= pad_dim(d):
+        return pad_dim(d), 0
+    return first, second
 
 
 @triton.jit
