@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..traffic.paged import paged_split
 from ..validation import check_block_table, check_causal, check_int, check_sinks, resolve_scale
 from .common import LN2, LOG2E
 from .launch import DTYPES, INTERPRETER, kernel_flags
@@ -326,8 +327,7 @@ def plan(q, k_cache, v_cache, block_table, cache_seqlens, causal, softmax_scale,
     if num_splits is None:
         num_splits = auto_splits(B, H_kv, longest, block_n, q.device)
     num_splits = check_int(num_splits, "num_splits", name=name)
-    split = -(-max(longest, 1) // num_splits)
-    split = -(-split // block_n) * block_n  # whole tiles: a tile never straddles two splits
+    split = paged_split(seqlens, num_splits, block_n)  # whole tiles, never straddling splits
     return PagedPlan(
         B, H, H_kv, N_q, d, v_cache.shape[-1], P, page_size, tuple(seqlens),
         resolve_scale(softmax_scale, d, name=name), check_causal(causal, name=name), block_n,
