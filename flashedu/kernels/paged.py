@@ -12,7 +12,7 @@ program of the split kernel walks its chunk of one sequence's keys in tiles of B
 each tile loads one block-table entry (BLOCK_N divides page_size, so a tile lies in one page),
 then the tile's K and V rows from that physical page. No contiguous copy of the cache is made.
 The page lookup is a `@triton.jit` function passed to the kernel as a compile-time argument
-(`page_rows` here; chapter 12's exercise hands in the learner's own).
+(`paged_solution.page_rows` by default; chapter 12's exercise hands in the learner's own).
 
 Attention sinks (gpt-oss, StreamingLLM): one learned logit per query head that joins every
 softmax row as an extra column with no value. The combine kernel folds it into the running max
@@ -45,20 +45,10 @@ from ..traffic.paged import paged_split
 from ..validation import check_block_table, check_causal, check_int, check_sinks, resolve_scale
 from .common import LN2, LOG2E
 from .launch import DTYPES, INTERPRETER, kernel_flags
+from .paged_solution import page_rows
 from .tiles import MAX_HEAD_DIM, load_tile, pad_dim, store_tile
 
 MAX_ROWS = 128  # query rows (H / H_kv * N_q) one split program holds on chip
-
-
-@triton.jit
-def page_rows(BT_ROW, start_n, seqlen, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys start_n .. start_n + BLOCK_N - 1 of one sequence: their rows in the cache seen as
-    (num_pages * PAGE_SIZE) rows, and which of them exist (< seqlen). BT_ROW points at the
-    sequence's row of the block table. The tile lies in one page (BLOCK_N divides PAGE_SIZE and
-    start_n is a multiple of BLOCK_N), so one int32 of the table is read."""
-    page = tl.load(BT_ROW + start_n // PAGE_SIZE).to(tl.int64)  # HBM: read 4 bytes per tile
-    cols = start_n + tl.arange(0, BLOCK_N)
-    return page * PAGE_SIZE + cols % PAGE_SIZE, cols < seqlen
 
 
 @triton.jit
