@@ -4,6 +4,11 @@ extra column; every bad input one named error."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -271,3 +276,24 @@ def test_paged_decoding_of_long_ragged_caches_on_a_gpu(dtype):
     rng = np.random.default_rng(1)
     run_case(rng, lens=[4095, 1, 777, 2048], page_size=64, H=16, H_kv=4, N_q=1, d=128, d_v=128,
              dtype=dtype, causal=True, sinks=True)  # fmt: skip
+
+
+# ------------------------------------------------------------------- the GPU benchmark script
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "serving" / "h200_paged_decode.py"
+
+
+def test_benchmark_script_has_help_and_a_dry_run(tmp_path):
+    run = lambda *a: subprocess.run(
+        [sys.executable, str(SCRIPT), *a], capture_output=True, text=True, timeout=300
+    )
+    helped = run("--help")
+    assert helped.returncode == 0 and "--out" in helped.stdout and "--dry-run" in helped.stdout
+    assert run().returncode == 2  # --out is required
+    out = tmp_path / "dry.json"
+    done = run("--out", str(out), "--dry-run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    res = json.loads(out.read_text())
+    assert {"date", "gpu", "torch", "triton", "cuda", "command", "hbm"} <= set(res)
+    assert res["correctness"] and all(r["passed"] for r in res["correctness"])
+    (row,) = res["rows"]
+    assert row["bytes"] > 0 and row["ms"] > 0 and "sdpa_ms" in row and "frac_measured_hbm" in row
