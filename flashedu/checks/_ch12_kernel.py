@@ -338,7 +338,7 @@ def _bytes(case: PagedCase, measured, detail):
     )  # fmt: skip
     if measured.reads.get("unknown"):
         return False, "bytes outside the tensors", OUTSIDE.format(n=measured.reads["unknown"])
-    got, want = measured.reads.get("BLOCK_TABLE", 0), model.reads.get("BLOCK_TABLE", 0)
+    got, want = measured.reads.get("TABLE", 0), model.reads.get("TABLE", 0)
     if got > want:
         return (
             False,

@@ -53,7 +53,7 @@ MAX_ROWS = 128  # query rows (H / H_kv * N_q) one split program holds on chip
 
 @triton.jit
 def paged_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, M_PART, L_PART, O_PART,
+    Q, K, V, TABLE, LENS, M_PART, L_PART, O_PART,
     stride_qb, stride_qh, stride_qm, stride_kn, stride_kh, stride_vn, stride_vh, stride_tb,
     qk_scale, B, H, H_kv, GROUP, N_q, SPLIT,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -67,7 +67,7 @@ def paged_split_kernel(
     split = tl.program_id(0)
     b = tl.program_id(1) // H_kv
     kv_head = tl.program_id(1) % H_kv
-    seqlen = tl.load(SEQLENS + b)  # HBM: read 4 bytes
+    seqlen = tl.load(LENS + b)  # HBM: read 4 bytes
     lo = split * SPLIT
     hi = tl.minimum(lo + SPLIT, seqlen)
     r = tl.arange(0, BLOCK_M)
@@ -85,7 +85,7 @@ def paged_split_kernel(
         q = q.to(tl.float32)
     K += kv_head.to(tl.int64) * stride_kh
     V += kv_head.to(tl.int64) * stride_vh
-    bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_tb
+    bt_row = TABLE + b.to(tl.int64) * stride_tb
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)

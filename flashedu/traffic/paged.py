@@ -43,14 +43,15 @@ def paged_decode_bytes(
     by the kernels' tensor names.
 
     Split kernel, grid (num_splits, B * H_kv), one program per (split, sequence, K/V head):
-      SEQLENS      read 4 B per program (its sequence's length);
-      Q            read the group's N_q * H / H_kv rows of d, by programs whose split holds keys;
-      BLOCK_TABLE  read one int32 per tile of block_n keys: ceil(len / block_n) per K/V head;
-      K, V         read exactly the keys that exist, len * d (d_v) per K/V head: the last, partial
-                   page only up to the length, and never a page the table does not name;
-      M_PART, L_PART, O_PART  written: one float32 state (m, l, o of d_v) per split and query row.
-    Combine kernel, one program per query row: reads every split's state (and the row's sink),
-    writes O (d_v in the inputs' dtype) and lse (float32).
+      LENS    read 4 B per program (its sequence's length, from cache_seqlens);
+      Q       read the group's N_q * H / H_kv rows of d, by programs whose split holds keys;
+      TABLE   read one int32 of the block table per tile of block_n keys: ceil(len / block_n)
+              per K/V head;
+      K, V    read exactly the keys that exist, len * d (d_v) per K/V head: the last, partial
+              page only up to the length, and never a page the table does not name;
+      M_PART, L_PART, O_PART  written: one float32 state (m, l, o of d_v) per split and row.
+    Combine kernel, one program per query row: reads every split's state (and SINKS, the row's
+    sink), writes O (d_v in the inputs' dtype) and lse (float32).
     itemsize: bytes per element of q, the caches and o (2 for fp16 / bf16, 4 for fp32).
     """
     name = "traffic.paged_decode_bytes"
@@ -68,9 +69,9 @@ def paged_decode_bytes(
     busy = sum(min(S, -(-n // split)) for n in lens)  # (split, sequence) pairs that hold keys
     states = S * rows * F32
     reads = {
-        "SEQLENS": S * B * H_kv * F32,
+        "LENS": S * B * H_kv * F32,
         "Q": busy * H * N_q * d * item,
-        "BLOCK_TABLE": H_kv * sum(-(-n // block_n) for n in lens) * F32,
+        "TABLE": H_kv * sum(-(-n // block_n) for n in lens) * F32,
         "K": H_kv * sum(lens) * d * item,
         "V": H_kv * sum(lens) * d_v * item,
         "M_PART": states,
