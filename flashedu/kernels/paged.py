@@ -27,7 +27,10 @@ j <= i + len_b - N_q), fp16 / bf16 / fp32, d and d_v from 1 to 256 (padded tiles
 `flashedu.kernels.tiles`), lse float32 in natural units, rows that see nothing give o = 0 and
 lse = -inf. Limits: no window, ALiBi or score mods; forward only; the cache's page and row axes
 must be contiguous with each other (stride(0) == page_size * stride(1)), as a cache tensor is; one
-fixed launch configuration, not tuned (scripts/serving/h200_paged_decode.py times it). The bytes
+fixed launch configuration, not tuned (scripts/serving/h200_paged_decode.py times it). `forward`
+validates every call, and the check reads the block table and lengths on the host (a copy and a
+sync): a serving loop validates once (`plan`) when its table changes and launches `split_states`
+and `combine` itself, as the benchmark does. The bytes
 it moves are `flashedu.traffic.paged_decode_bytes`.
 
 Introduced in notebooks/12_serving.ipynb.
