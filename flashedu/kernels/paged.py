@@ -46,12 +46,22 @@ import triton.language as tl
 
 from ..traffic.paged import paged_split
 from ..validation import check_block_table, check_causal, check_int, check_sinks, resolve_scale
-from .common import LN2, LOG2E
+from .common import LOG2E
 from .launch import DTYPES, INTERPRETER, kernel_flags
 from .paged_solution import page_rows
 from .tiles import MAX_HEAD_DIM, load_tile, pad_dim, store_tile
 
 MAX_ROWS = 128  # query rows (H / H_kv * N_q) one split program holds on chip
+
+
+@triton.jit
+def _load_rows(ptrs, keep, dims, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(len(keep), BLOCK_D) tile: rows where keep is False and columns >= D read as 0, no HBM."""
+    if D < BLOCK_D:
+        x = tl.load(ptrs, mask=keep[:, None] & (dims[None, :] < D), other=0.0)
+    else:
+        x = tl.load(ptrs, mask=keep[:, None], other=0.0)
+    return x
 
 
 @triton.jit
@@ -95,10 +105,9 @@ def paged_split_kernel(
     diag = i + seqlen - N_q  # bottom-right: query i sees keys j <= diag
     for start_n in tl.range(lo, hi, BLOCK_N):
         rows, keep = PAGE_ROWS(bt_row, start_n, seqlen, PAGE_SIZE, BLOCK_N)  # through the table
-        k_mask = keep[:, None] & (dims[None, :] < HEAD_DIM)
-        v_mask = keep[:, None] & (dims_v[None, :] < V_DIM)
-        k = tl.load(K + rows[:, None] * stride_kn + dims[None, :], mask=k_mask, other=0.0)
-        v = tl.load(V + rows[:, None] * stride_vn + dims_v[None, :], mask=v_mask, other=0.0)
+        k = _load_rows(K + rows[:, None] * stride_kn + dims[None, :], keep, dims, HEAD_DIM, BLOCK_D)
+        v = _load_rows(V + rows[:, None] * stride_vn + dims_v[None, :], keep, dims_v, V_DIM,
+                       BLOCK_DV)  # fmt: skip
         if UPCAST:  # HBM: read the keys that exist, d of K and d_v of V each
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -117,8 +126,8 @@ def paged_split_kernel(
         m_i = m_new
     live = r < GROUP * N_q
     row = ((split * B + b) * H + head).to(tl.int64) * N_q + i  # into (num_splits, B, H, N_q)
-    tl.store(M_PART + row, m_i * LN2, mask=live)  # HBM: write rows * (d_v + 2) float32
-    tl.store(L_PART + row, l_i, mask=live)
+    tl.store(M_PART + row, m_i * 0.6931471805599453, mask=live)  # ln 2: natural units; HBM:
+    tl.store(L_PART + row, l_i, mask=live)  # write rows * (d_v + 2) float32
     store_tile(O_PART + row[:, None] * V_DIM + dims_v[None, :], acc, r, GROUP * N_q, dims_v, V_DIM,
                BLOCK_DV)  # fmt: skip
 
@@ -331,6 +340,13 @@ def plan(q, k_cache, v_cache, block_table, cache_seqlens, causal, softmax_scale,
 # --------------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------------
+def _warps(p: PagedPlan) -> int:
+    """8 warps for tiles of 128 or 256 columns, else 4: from ptxas on the sm_90 compile (d = 128,
+    BLOCK_N = 64: 4 warps spill 168 bytes at 255 registers, 8 warps use 254 and spill nothing);
+    not timed."""
+    return 8 if max(pad_dim(p.d), pad_dim(p.d_v)) >= 128 else 4
+
+
 def split_states(q, k_cache, v_cache, block_table, cache_seqlens, p: PagedPlan, page_fn=None):
     """Launch the split kernel on a validated plan: partial states (m, l, o), each with a leading
     num_splits axis, float32. page_fn: the @triton.jit page lookup (default `page_rows`)."""
@@ -351,7 +367,7 @@ def split_states(q, k_cache, v_cache, block_table, cache_seqlens, p: PagedPlan, 
         BLOCK_DV=pad_dim(p.d_v), UPCAST=flags["UPCAST"], PRECISION=flags["PRECISION"],
         PAGE_SIZE=p.page_size, PAGE_ROWS=page_rows if page_fn is None else page_fn,
         BLOCK_M=max(16, triton.next_power_of_2(group * p.N_q)), BLOCK_N=p.block_n,
-        num_warps=4, num_stages=1 if INTERPRETER else 2,
+        num_warps=_warps(p), num_stages=1 if INTERPRETER else 2,
     )  # fmt: skip
     return parts
 
