@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from ._env import require_triton
 from .autograd import flash_attention, get_impl
 from .registry import IMPLEMENTATIONS
 from .validation import resolve_scale
@@ -61,6 +62,9 @@ def attention(
     causal: bool = False,
     softmax_scale: float | None = None,
     impl: str = "auto",
+    block_table: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact attention with autograd, flash-attn conventions.
 
@@ -69,9 +73,19 @@ def attention(
         causal: query i sees key j iff j <= i + N_k - N_q (bottom-right aligned).
         softmax_scale: default 1 / sqrt(d).
         impl: "auto" or any name in `flashedu.IMPLEMENTATIONS` but "reference" (the float64 oracle).
+        block_table, cache_seqlens: a paged KV cache (serving, chapter 12): k and v are then
+            k_cache (num_pages, page_size, H_kv, d) and v_cache (..., d_v), block_table (B,
+            max_pages) int32 lists each sequence's pages, cache_seqlens (B,) int32 its length;
+            causal is bottom-right against each length. Read by the Triton paged kernel
+            (`decoding.paged_forward`, impl "auto" or "triton"), forward only.
+        sinks: (H,) float32 attention sinks, one logit per query head joining every softmax row
+            as a column with no value; with or without a paged cache, through the Triton decoding
+            kernels (a few query rows, forward only).
     Returns:
         o: (B, H, N_q, d_v) in q's dtype; fully masked rows are 0 and get zero gradients.
     """
+    if block_table is not None or cache_seqlens is not None or sinks is not None:
+        return _decode(q, k, v, causal, softmax_scale, impl, block_table, cache_seqlens, sinks)
     if not isinstance(impl, str):
         raise TypeError(
             f'attention: impl must be a str ("auto" or a registry name), got '
@@ -90,6 +104,39 @@ def attention(
     tensors = isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     name = _auto_impl(q, *((k, v) if tensors else (None, None))) if impl == "auto" else impl
     return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name)
+
+
+def _decode(q, k, v, causal, softmax_scale, impl, block_table, cache_seqlens, sinks):
+    """`attention` with a paged cache or sinks: the Triton decoding kernels, forward only."""
+    name = "attention"
+    if (block_table is None) != (cache_seqlens is None):
+        given, missing = (
+            ("block_table", "cache_seqlens") if cache_seqlens is None else
+            ("cache_seqlens", "block_table")
+        )  # fmt: skip
+        raise ValueError(
+            f"{name}: {given} was given without {missing}; a paged cache needs both (the pages "
+            "of each sequence and how many keys each holds)"
+        )
+    what = "a paged KV cache (block_table)" if block_table is not None else "sinks"
+    if impl not in ("auto", "triton"):
+        raise ValueError(
+            f"{name}: impl={impl!r} cannot read {what}: only the Triton decoding kernels do; "
+            'use impl="auto" or "triton"'
+        )
+    tensors = [x for x in (q, k, v, sinks) if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        raise NotImplementedError(
+            f"{name}: {what} is forward only (decoding needs no gradient); call it under "
+            "torch.no_grad() or on tensors that do not require grad"
+        )
+    require_triton(f"attention with {what}")
+    from . import decoding
+
+    kw = dict(causal=causal, softmax_scale=softmax_scale, sinks=sinks)
+    if block_table is not None:
+        return decoding.paged_forward(q, k, v, block_table, cache_seqlens, **kw)[0]
+    return decoding.triton_forward(q, k, v, **kw)[0]
 
 
 def top_left_causal(

@@ -16,6 +16,10 @@ Two versions, one contract (`forward(q, k, v, *, causal, softmax_scale, ...) -> 
   states.
 * `triton_forward`: torch tensors, a Triton split kernel (one program per split, batch and K/V head)
   and a Triton combine kernel (one program per query row).
+* `paged_forward`: the same on a paged KV cache (pages of a pool, a block table per sequence,
+  ragged lengths), read through the table by `flashedu.kernels.paged` (chapter 12). Both Triton
+  versions take attention sinks, one logit per query head that the combine folds into each row's
+  max and sum.
 
 The block-visibility rule that chapter 09's pictures, split skipping and ring attention share
 lives in `flashedu.masks` (importable from here too): `block_kind` says whether a (query rows x key
@@ -54,6 +58,7 @@ from .validation import (
     check_block,
     check_causal,
     check_qkv,
+    check_sinks,
     check_slopes,
     check_window,
     resolve_scale,
@@ -162,8 +167,10 @@ try:
     import triton
     import triton.language as tl
 
+    from .kernels import paged as paged_kernels
     from .kernels.common import LOG2E, alibi, visible
     from .kernels.launch import INTERPRETER, check_inputs, kernel_flags, rows_contiguous
+    from .kernels.paged import combine, combine_kernel  # noqa: F401  (shared with paged decoding)
     from .kernels.tiles import load_tile, pad_dim, store_tile
 except ModuleNotFoundError as e:  # pragma: no cover - triton is an optional dependency
     if e.name not in ("triton", "torch"):
@@ -289,64 +296,6 @@ if triton is not None:
         o_ptrs = O_PART + row[:, None] * V_DIM + dims_v[None, :]
         store_tile(o_ptrs, acc, r, GROUP * N_q, dims_v, V_DIM, BLOCK_DV)
 
-    @triton.jit
-    def combine_kernel(
-        M_PART,
-        L_PART,
-        O_PART,
-        O,
-        LSE,
-        NUM_SPLITS,
-        ROWS,
-        V_DIM: tl.constexpr,
-        BLOCK_DV: tl.constexpr,
-        BLOCK_S: tl.constexpr,
-    ):
-        """One program per query row: fold its NUM_SPLITS partial states at once, the rule of
-        `softmax.merge`."""
-        row = tl.program_id(0).to(tl.int64)
-        s = tl.arange(0, BLOCK_S)
-        dims = tl.arange(0, BLOCK_DV)
-        m = tl.load(
-            M_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=-float("inf")
-        )  # HBM: read S*(d_v+2)
-        l = tl.load(L_PART + s * ROWS + row, mask=s < NUM_SPLITS, other=0.0)
-        o_ptrs = O_PART + (s[:, None] * ROWS + row) * V_DIM + dims[None, :]
-        o = load_tile(o_ptrs, s, NUM_SPLITS, dims, V_DIM, BLOCK_DV, True)
-        m_max = tl.max(m, 0)
-        m_use = tl.where(m_max == -float("inf"), 0.0, m_max)
-        w = tl.exp(m - m_use)  # each split's weight; 0 for an empty split
-        l_sum = tl.sum(w * l, 0)
-        l_use = tl.where(l_sum == 0.0, 1.0, l_sum)
-        o_row = (tl.sum(w[:, None] * o, 0) / l_use).to(O.dtype.element_ty)
-        tl.store(O + row * V_DIM + dims, o_row, mask=dims < V_DIM)
-        tl.store(
-            LSE + row, tl.where(l_sum == 0.0, -float("inf"), m_use + tl.log(l_use))
-        )  # HBM: write d_v + 1
-
-
-def combine(m, l, o, dtype=None):
-    """Merge partial states m, l (S, B, H, N_q) float32 and o (S, B, H, N_q, d) over their first
-    axis, on the device, with the Triton combine kernel. Returns (o (B, H, N_q, d) in `dtype`, lse
-    float32)."""
-    S, d = m.shape[0], o.shape[-1]
-    out = torch.empty(o.shape[1:], dtype=dtype or o.dtype, device=o.device)
-    lse = torch.empty(m.shape[1:], dtype=torch.float32, device=o.device)
-    rows = lse.numel()
-    combine_kernel[(rows,)](
-        m.contiguous(),
-        l.contiguous(),
-        o.contiguous(),
-        out,
-        lse,
-        S,
-        rows,
-        V_DIM=d,
-        BLOCK_DV=pad_dim(d),
-        BLOCK_S=max(2, triton.next_power_of_2(S)),
-    )
-    return out, lse
-
 
 def triton_forward(
     q,
@@ -360,6 +309,7 @@ def triton_forward(
     num_splits: int = 4,
     block_n: int | None = None,
     return_states: bool = False,
+    sinks=None,
 ):
     """Split-KV decoding with Triton: a split kernel writes one partial state per (split, batch,
     head, row), and a combine kernel merges them. Same arguments and results as `forward`, on torch
@@ -372,11 +322,15 @@ def triton_forward(
     block_n: keys per inner step (a power of two >= 16; default 16 under the interpreter, 64 on a
     GPU).
     return_states: also return the partial states (m, l, o), each with a leading num_splits axis.
+    sinks: None, or (H,) float32, one logit per query head (natural units, not scaled) joining
+    every softmax row as an extra column with no value; the combine folds it into the row's max
+    and sum, and lse includes it (`kernels.paged`).
     """
     name = "decoding.triton_forward"
     (B, H, H_kv, N_q, N_k, d), scale, bounds, slopes, stride_sb = check_inputs(
         q, k, v, causal, softmax_scale, window_size, alibi_slopes, name
     )
+    sinks = _check_sinks(sinks, q, name)
     group = H // H_kv
     if group * N_q > MAX_ROWS:
         raise ValueError(
@@ -426,5 +380,60 @@ def triton_forward(
         BLOCK_N=block_n,
         **flags,
     )
-    o, lse = combine(*parts, dtype=q.dtype)
+    o, lse = combine(*parts, dtype=q.dtype, sinks=sinks)
     return (o, lse, tuple(parts)) if return_states else (o, lse)
+
+
+def _check_sinks(sinks, q, name):
+    if check_sinks(sinks, q.shape[1], name=name) is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32:
+        got = sinks.dtype if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise TypeError(f"{name}: sinks must be a torch.float32 tensor, got {got}")
+    if sinks.device != q.device:
+        raise ValueError(f"{name}: sinks must be on q's device {q.device}, got {sinks.device}")
+    return sinks
+
+
+def paged_forward(
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    cache_seqlens,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sinks=None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+):
+    """Split-KV decoding from a paged KV cache, read through its block table (never copied).
+
+    Args:
+        q: (B, H, N_q, d), a few query rows per sequence (decode, speculative or chunked steps),
+            H / H_kv * N_q <= 128; fp16, bf16 or fp32; CUDA, or CPU under the interpreter.
+        k_cache: (num_pages, page_size, H_kv, d), v_cache: (num_pages, page_size, H_kv, d_v), in
+            q's dtype; the pool of pages every sequence draws from (vLLM / flash-attn layout).
+        block_table: (B, max_pages) int32: row b lists the pages holding keys 0..page_size-1,
+            page_size..2*page_size-1, ... of sequence b; entries past its length are not read.
+        cache_seqlens: (B,) int32, keys per sequence, 0 <= len_b <= max_pages * page_size.
+        causal: query i of sequence b sees key j iff j <= i + len_b - N_q (bottom-right against
+            each sequence's own length).
+        softmax_scale: default 1 / sqrt(d).
+        sinks: None, or (H,) float32 attention sinks: one logit per query head (natural units,
+            not scaled) joining every row's softmax as an extra column with no value.
+        num_splits: chunks each sequence's keys are cut into (default: enough programs to fill
+            the GPU, `kernels.paged.auto_splits`).
+        block_n: keys per tile, a power of two >= 16 dividing page_size (default 64 on a GPU, or
+            the largest power of two <= 64 that divides page_size; 16 under the interpreter).
+    Returns:
+        o (B, H, N_q, d_v) in q's dtype; lse (B, H, N_q) float32, the natural-log logsumexp of
+        the row including its sink; a row that sees no key (len_b = 0, or causal rows before the
+        first key) gives o = 0 and lse = -inf (lse = sink with a sink).
+    """
+    return paged_kernels.forward(
+        q, k_cache, v_cache, block_table, cache_seqlens, causal=causal,
+        softmax_scale=softmax_scale, sinks=sinks, num_splits=num_splits, block_n=block_n,
+        name="decoding.paged_forward",
+    )  # fmt: skip

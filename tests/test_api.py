@@ -264,3 +264,48 @@ def _signatures(draw):
 def test_sdpa_agrees_with_pytorch_on_random_signatures(signature, seed):
     shapes, kwargs = signature
     _assert_same(_both(np.random.default_rng(seed), shapes, **kwargs))
+
+
+# ------------------------------------------------------------- paged KV cache and sinks (ch. 12)
+def _paged_inputs(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 1, 16, generator=gen).to(dtype)
+    k_cache, v_cache = (torch.randn(6, 16, 2, 16, generator=gen).to(dtype) for _ in range(2))
+    table = torch.tensor([[4, 1, -1], [0, 5, 2]], dtype=torch.int32)
+    lens = torch.tensor([20, 40], dtype=torch.int32)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: under the interpreter
+    return (x.to(device) for x in (q, k_cache, v_cache, table, lens))
+
+
+def test_attention_reads_a_paged_cache_through_the_triton_kernel():
+    from flashedu import decoding
+
+    q, k_cache, v_cache, table, lens = _paged_inputs()
+    sinks = torch.randn(4, device=q.device)
+    o = flashedu.attention(
+        q, k_cache, v_cache, block_table=table, cache_seqlens=lens, sinks=sinks, causal=True
+    )
+    want, _ = decoding.paged_forward(q, k_cache, v_cache, table, lens, causal=True, sinks=sinks)
+    assert torch.equal(o, want)
+    k = k_cache[table[1].long()].reshape(48, 2, 16)[:40].permute(1, 0, 2)[None]  # sequence 1
+    v = v_cache[table[1].long()].reshape(48, 2, 16)[:40].permute(1, 0, 2)[None]
+    o_sink = flashedu.attention(q[1:], k, v, sinks=sinks, impl="triton")
+    assert_close(o_sink, o[1:], "float32")
+
+
+def test_attention_paged_errors_name_what_is_missing():
+    q, k_cache, v_cache, table, lens = _paged_inputs()
+    with pytest.raises(ValueError, match="block_table was given without cache_seqlens"):
+        flashedu.attention(q, k_cache, v_cache, block_table=table)
+    with pytest.raises(ValueError, match="cache_seqlens was given without block_table"):
+        flashedu.attention(q, k_cache, v_cache, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="impl='torch_tiled' cannot read a paged KV cache"):
+        flashedu.attention(
+            q, k_cache, v_cache, block_table=table, cache_seqlens=lens, impl="torch_tiled"
+        )
+    with pytest.raises(ValueError, match="impl='naive' cannot read sinks"):
+        flashedu.attention(q, k_cache, v_cache, sinks=torch.zeros(4, device=q.device), impl="naive")
+    with pytest.raises(NotImplementedError, match="forward only"):
+        flashedu.attention(
+            q.requires_grad_(), k_cache, v_cache, block_table=table, cache_seqlens=lens
+        )

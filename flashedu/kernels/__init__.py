@@ -10,6 +10,9 @@
   equal to `fwd` on the cases both support.
 * `common` (mask rule, ALiBi, base-2 constants), `tiles` (padded tile loads and stores),
   `score_mods`, `launch` (validation, plans, autotuning): what the forward and backward share.
+* `paged`: split-KV decoding through a paged KV cache's block table, with attention sinks
+  (chapter 12; `decoding.paged_forward`); `paged_solution`: the page lookup it calls, the answer
+  to chapter 12's Triton exercise.
 * `varlen`: packed sequences in one launch. `intro`: chapter 06's first kernels (one tile of S
   or P). `exercises` / `solutions`: the kernel exercises of chapters 06 and 07 and their answers.
 

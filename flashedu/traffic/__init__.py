@@ -11,6 +11,7 @@ defined in:
   area, and the roofline.
 * `tiles`: tile sizes from an SRAM budget (the paper's rule, and the powers of two that fit).
 * `measured`: `measure()`, the bytes a Triton kernel really moves under the interpreter.
+* `paged`: `paged_decode_bytes`, what paged split-KV decoding moves (chapter 12).
 * `kernel_bytes` and `replay` (imported by name, not here): a kernel's measured bytes beside the
   closed form, and measured runs replayed for the widgets.
 
@@ -57,6 +58,7 @@ from .ledger import (
     tensor_order,
 )
 from .measured import MeasureError, Measurement, measure
+from .paged import paged_decode_bytes, paged_split
 from .tiles import TileChoice, block_sizes, fitting_blocks, sram_tiles, tile_bytes, tile_choice
 
 __all__ = [
@@ -91,6 +93,8 @@ __all__ = [
     "measure",
     "naive_backward",
     "naive_forward",
+    "paged_decode_bytes",
+    "paged_split",
     "paper_gpt2_medium",
     "roofline",
     "saved_for_backward",
