@@ -29,10 +29,10 @@ import pkgutil
 from pathlib import Path
 from types import SimpleNamespace
 
-from .._env import TritonUnavailable, is_triton_missing
+from .._env import is_triton_missing
 from ._core import Case, Report, grade, grader, hint, solution
 from ._progress import progress
-from ._shared import CHAPTER_OF, GRADERS, Shortcut, solution_function
+from ._shared import CHAPTER_OF, GRADERS, Shortcut, solution_function, triton_stand_in
 
 __all__ = [
     "Case",
@@ -60,15 +60,7 @@ def _triton_stand_ins(module: str) -> dict:
         and any(getattr(t, "id", "") == "__all__" for t in node.targets)
     )
 
-    def stand_in(name):
-        def grader(*args, out=print, **kwargs):
-            out(f"{name}: {TritonUnavailable('this exercise')}")
-
-        grader.__name__ = grader.__qualname__ = name
-        grader.solution_name, grader.solution_names = None, ()  # the answers need Triton too
-        return grader
-
-    return {name: stand_in(name) for name in names}
+    return {name: triton_stand_in(name) for name in names}
 
 
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

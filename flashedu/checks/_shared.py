@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-__all__ = ["Shortcut", "GRADERS", "CHAPTER_OF", "solution_function"]
+__all__ = ["Shortcut", "GRADERS", "CHAPTER_OF", "solution_function", "triton_stand_in"]
 
 
 class Shortcut(Exception):
@@ -33,6 +33,20 @@ def solution_function(g) -> Callable:
         raise TypeError(f"solution: expected a grader from flashedu.checks, got {g!r}")
     module, _, attr = dotted.rpartition(".")
     return getattr(importlib.import_module(module), attr)
+
+
+def triton_stand_in(name: str) -> Callable:
+    """Where Triton is not installed, the grader `name` (which launches a Triton kernel) as a
+    function that says so in one line, with the same calling convention; it has no solution to
+    show (the answers need Triton too)."""
+    from .._env import TritonUnavailable
+
+    def grader(*args, out=print, **kwargs):
+        out(f"{name}: {TritonUnavailable('this exercise')}")
+
+    grader.__name__ = grader.__qualname__ = name
+    grader.solution_name, grader.solution_names = None, ()
+    return grader
 
 
 TILED_RULE = "a tiled loop holds one block of scores at a time, never all N_q x N_k of them"

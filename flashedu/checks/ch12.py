@@ -13,12 +13,14 @@ Exercise 12.2 hands the learner's paged attention a pool whose pages are in a ra
 slots no sequence owns hold large keys, and sequences several pages long with ragged last pages
 (and an empty one). Every array the learner's code makes is recorded (`_watch`): one holding more
 than a page of K or V per sequence, as a gather of the pages into one contiguous cache does, is a
-named shortcut. Exercise 12.3 asks for the running state after every tile as well as (o, lse):
-the sink must be in that state from the first tile on (a sink added after the loop is named), and
-a sink of +100 in float32 overflows any exp(sink) that is not shifted by the running max.
-Exercise 12.4 may make no array that spans the cached tokens and a per-head width (128 or 192):
+named shortcut. Exercise 12.3, the Triton page lookup the paged kernel calls, is graded by
+`_ch12_kernel.paged_kernel` (re-exported here; without Triton, a stand-in that says so in one
+line). Exercise 12.4 asks for the running state after every tile as well as (o, lse): the sink
+must be in that state from the first tile on (a sink added after the loop is named), and a sink
+of +100 in float32 overflows any exp(sink) that is not shifted by the running max.
+Exercise 12.5 may make no array that spans the cached tokens and a per-head width (128 or 192):
 that is the naive step's expanded K or V. Every exercise runs with flashedu's own implementations
-off limits (12.4 may call `decoding.forward` for the attention itself), and a wrong answer is
+off limits (12.5 may call `decoding.forward` for the attention itself), and a wrong answer is
 matched against planted bugs (`_ch12_cases`).
 """
 
@@ -27,13 +29,21 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference, serving
+from .._env import is_triton_missing
 from ..testing import Tolerance
 from ._ch12_cases import contiguous_attention, paged_pool, paged_twin, sink_twin
 from ._core import Case, compare, grade, grader, rng_for, same
-from ._shared import Shortcut
+from ._shared import Shortcut, triton_stand_in
 from ._watch import shape_text, watched_call
 
-__all__ = ["paged_cache", "paged_attention", "sink_attention", "mla_absorbed"]
+__all__ = ["paged_cache", "paged_attention", "paged_kernel", "sink_attention", "mla_absorbed"]
+
+try:  # the Triton exercise; without Triton it says so in one line and the others still grade
+    from ._ch12_kernel import paged_kernel
+except ImportError as e:
+    if not is_triton_missing(e):
+        raise
+    paged_kernel = triton_stand_in("paged_kernel")
 
 _F64 = Tolerance(1e-10, 1e-10)
 
@@ -431,7 +441,7 @@ def paged_attention(fn, *, seed=None, out=print):
     return grade("paged_attention", fn, cases, out=out, forbid=True)
 
 
-# ---------------------------------------------------------------------------------------- 12.3
+# ---------------------------------------------------------------------------------------- 12.4
 
 _SINK_MISTAKES = {
     "the sink was added after normalisation: the output over the keys must shrink by their "
@@ -574,7 +584,7 @@ def sink_attention(fn, *, seed=None, out=print):
     return grade("sink_attention", fn, cases, out=out, forbid=True)
 
 
-# ---------------------------------------------------------------------------------------- 12.4
+# ---------------------------------------------------------------------------------------- 12.5
 
 D_NOPE, D_ROPE, D_V = 128, 64, 128  # DeepSeek-V2's per-head widths
 _EXPANDED = (

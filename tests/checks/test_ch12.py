@@ -183,7 +183,7 @@ def test_paged_attention_refuses_flashedus_own():
     assert report.diagnosis.startswith("called flashedu.serving.paged_attention")
 
 
-# ------------------------------------------------------------------------------- 12.3 sinks
+# ------------------------------------------------------------------------------- 12.4 sinks
 
 
 def sinks(q, k, v, sink, block_n, *, post_hoc=False, unshifted=False, every_tile=False,
@@ -274,7 +274,7 @@ def test_sink_attention_refuses_the_shown_solution():
     assert report.diagnosis.startswith("called flashedu.checks.ch12.sink_states")
 
 
-# --------------------------------------------------------------------------------- 12.4 MLA
+# --------------------------------------------------------------------------------- 12.5 MLA
 
 
 def absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, *, scale_dc=False, rope=True):

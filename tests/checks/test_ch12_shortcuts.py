@@ -3,7 +3,7 @@
 Each shortcut is what a learner in a hurry writes: a cache that reallocates its pool, moves its
 pages or rewrites its tokens from a copy kept aside (12.1); paged attention that gathers the pages
 into one contiguous K and V first (12.2); a sink added after the loop, with the right numbers
-(12.3); MLA that expands per-head keys and values from the latent (12.4). Each is rejected with a
+(12.4); MLA that expands per-head keys and values from the latent (12.5). Each is rejected with a
 diagnosis that names it.
 """
 
@@ -152,7 +152,7 @@ def test_paged_attention_names_the_gather(fn):
         assert report.diagnosis.startswith("built a"), text
 
 
-# ------------------------------------------------------------------------------- 12.3 sinks
+# ------------------------------------------------------------------------------- 12.4 sinks
 
 
 def sink_rescaled_at_the_end(q, k, v, sink, block_n):
@@ -174,7 +174,7 @@ def test_sink_attention_names_a_sink_added_after_the_loop(fn):
         assert sum(ok for _, ok, _ in report.results) <= 2  # no sink, or one far below
 
 
-# --------------------------------------------------------------------------------- 12.4 MLA
+# --------------------------------------------------------------------------------- 12.5 MLA
 
 
 def naive_expand(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv):
