@@ -79,12 +79,13 @@ def attention(
             causal is bottom-right against each length. Read by the Triton paged kernel
             (`decoding.paged_forward`, impl "auto" or "triton"), forward only.
         sinks: (H,) float32 attention sinks, one logit per query head joining every softmax row
-            as a column with no value; with or without a paged cache, through the Triton decoding
-            kernels (a few query rows, forward only).
+            as a column with no value. With a paged cache, through the Triton paged kernel
+            (forward only); without one, through any implementation, differentiable in q, k, v
+            and sinks (`autograd.FlashAttentionWithSinks`).
     Returns:
         o: (B, H, N_q, d_v) in q's dtype; fully masked rows are 0 and get zero gradients.
     """
-    if block_table is not None or cache_seqlens is not None or sinks is not None:
+    if block_table is not None or cache_seqlens is not None:
         return _decode(q, k, v, causal, softmax_scale, impl, block_table, cache_seqlens, sinks)
     if not isinstance(impl, str):
         raise TypeError(
@@ -103,11 +104,13 @@ def attention(
         )
     tensors = isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     name = _auto_impl(q, *((k, v) if tensors else (None, None))) if impl == "auto" else impl
-    return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name)
+    return flash_attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name, sinks=sinks
+    )
 
 
 def _decode(q, k, v, causal, softmax_scale, impl, block_table, cache_seqlens, sinks):
-    """`attention` with a paged cache or sinks: the Triton decoding kernels, forward only."""
+    """`attention` with a paged cache (and maybe sinks): the Triton paged kernel, forward only."""
     name = "attention"
     if (block_table is None) != (cache_seqlens is None):
         given, missing = (
@@ -118,7 +121,7 @@ def _decode(q, k, v, causal, softmax_scale, impl, block_table, cache_seqlens, si
             f"{name}: {given} was given without {missing}; a paged cache needs both (the pages "
             "of each sequence and how many keys each holds)"
         )
-    what = "a paged KV cache (block_table)" if block_table is not None else "sinks"
+    what = "a paged KV cache (block_table)"
     if impl not in ("auto", "triton"):
         raise ValueError(
             f"{name}: impl={impl!r} cannot read {what}: only the Triton decoding kernels do; "
@@ -134,9 +137,7 @@ def _decode(q, k, v, causal, softmax_scale, impl, block_table, cache_seqlens, si
     from . import decoding
 
     kw = dict(causal=causal, softmax_scale=softmax_scale, sinks=sinks)
-    if block_table is not None:
-        return decoding.paged_forward(q, k, v, block_table, cache_seqlens, **kw)[0]
-    return decoding.triton_forward(q, k, v, **kw)[0]
+    return decoding.paged_forward(q, k, v, block_table, cache_seqlens, **kw)[0]
 
 
 def top_left_causal(

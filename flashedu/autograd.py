@@ -10,6 +10,13 @@ back, so they work on CPU tensors and are slow on a GPU.
     o = flash_attention(q, k, v, causal=True)  # differentiable, impl="torch_tiled"
     o = flash_attention(q, k, v, impl="triton", window_size=(128, 0))
 
+Attention sinks (`sinks=`, chapter 12): one logit per query head that joins every softmax row as
+a column with no value. The implementation runs unchanged over the keys; its final state (o, lse)
+then takes the sink, lse' = logaddexp(lse, sink) and o' = o * exp(lse - lse'), exact and in
+[0, 1] whatever the logits (a kernel that splits the keys must not do this per split: its
+combine adds the sink once, `flashedu.kernels.paged`). The backward is the implementation's own,
+given (o', lse'), plus dsink_h = -sum over rows of exp(sink_h - lse') * rowsum(dO * o').
+
 `saved_tensor_bytes` measures what autograd keeps alive for backward, for any function of tensors.
 
 Transforms: under `torch.func.vmap` the mapped dimension is folded into the batch (one call of
@@ -36,6 +43,7 @@ import torch
 from ._env import TritonUnavailable, is_triton_missing
 from .dtypes import dtype_name
 from .registry import IMPLEMENTATIONS, Implementation
+from .validation import check_sinks
 
 # keyword -> the registry feature an implementation needs to accept it
 _FEATURES = {"window_size": "window", "alibi_slopes": "alibi", "score_mod": "score_mod"}
@@ -189,6 +197,46 @@ class FlashAttentionBackward(torch.autograd.Function):
         return tuple(_unfold(g, n) for g in grads), (0, 0, 0)
 
 
+def _with_sinks(o, lse, sinks):
+    """The sink folded into a finished row state: (o', lse') with lse' = logaddexp(lse, sink) and
+    o' = o * exp(lse - lse'); a row with neither keys nor sink (lse' = -inf) stays o' = 0."""
+    sink = sinks.to(lse.dtype)[None, :, None]
+    lse_s = torch.logaddexp(lse, sink)
+    keep = torch.where(lse_s == -torch.inf, 0.0, torch.exp(lse - lse_s))
+    return (o.to(lse.dtype) * keep[..., None]).to(o.dtype), lse_s
+
+
+class FlashAttentionWithSinks(torch.autograd.Function):
+    """o, lse = FlashAttentionWithSinks.apply(q, k, v, sinks, impl_name, causal, softmax_scale,
+    extras): `FlashAttention` with one sink logit per query head (see the module's docstring);
+    differentiable in q, k, v and sinks. Saves q, k, v, sinks, o and lse, as `FlashAttention`."""
+
+    @staticmethod
+    def forward(q, k, v, sinks, impl_name, causal, softmax_scale, extras):
+        impl = IMPLEMENTATIONS[impl_name]
+        kwargs = dict(extras, causal=causal, softmax_scale=softmax_scale)
+        o, lse = _call(impl, impl.forward, (q, k, v), kwargs)
+        return _with_sinks(o, lse, sinks)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, sinks, impl_name, causal, softmax_scale, extras = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, sinks, o, lse)
+        ctx.settings = (impl_name, causal, softmax_scale, extras)
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, sinks, o, lse = ctx.saved_tensors
+        dq, dk, dv = FlashAttentionBackward.apply(do, q, k, v, o, lse, *ctx.settings)
+        D = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1)  # (B, H, N_q)
+        gap = sinks.to(lse.dtype)[None, :, None] - lse
+        p_sink = torch.where(lse == -torch.inf, 0.0, torch.exp(gap))  # the sink's probability
+        dsinks = -(p_sink * D).sum(dim=(0, 2)).to(sinks.dtype)
+        return dq, dk, dv, dsinks, None, None, None, None
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -198,6 +246,7 @@ def flash_attention(
     softmax_scale: float | None = None,
     impl: str = "torch_tiled",
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
     **extras,
 ):
     """Differentiable exact attention through the implementation `impl` of
@@ -210,6 +259,8 @@ def flash_attention(
         softmax_scale: default 1 / sqrt(d).
         impl: a registry name, e.g. "torch_tiled", "triton", "naive", "tiled".
         return_lse: also return lse (B, H, N_q), which carries no gradient.
+        sinks: None, or (H,) attention sinks, one logit per query head (floating point, on q's
+            device), differentiable; lse then includes the sink.
         extras: passed to the implementation, e.g. block_m, block_n, window_size, alibi_slopes.
     Returns:
         o (B, H, N_q, d) in q's dtype, or (o, lse) with return_lse=True.
@@ -226,8 +277,28 @@ def flash_attention(
     implementation = get_impl(impl)
     extras = {key: value for key, value in extras.items() if value is not None}
     _check_support(implementation, q, k, extras)
-    o, lse = FlashAttention.apply(q, k, v, impl, causal, softmax_scale, tuple(extras.items()))
+    if sinks is None:
+        o, lse = FlashAttention.apply(q, k, v, impl, causal, softmax_scale, tuple(extras.items()))
+    else:
+        _check_sink_tensor(sinks, q)
+        o, lse = FlashAttentionWithSinks.apply(
+            q, k, v, sinks, impl, causal, softmax_scale, tuple(extras.items())
+        )
     return (o, lse) if return_lse else o
+
+
+def _check_sink_tensor(sinks, q) -> None:
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(
+            f"flash_attention: sinks must be a torch.Tensor of shape (H,), got "
+            f"{type(sinks).__module__}.{type(sinks).__name__}"
+        )
+    if q.ndim == 4:  # else the implementation names q's shape
+        check_sinks(sinks, q.shape[1], name="flash_attention")
+    if sinks.device != q.device:
+        raise ValueError(
+            f"flash_attention: sinks must be on q's device {q.device}, got {sinks.device}"
+        )
 
 
 @dataclass

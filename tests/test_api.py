@@ -303,9 +303,73 @@ def test_attention_paged_errors_name_what_is_missing():
         flashedu.attention(
             q, k_cache, v_cache, block_table=table, cache_seqlens=lens, impl="torch_tiled"
         )
-    with pytest.raises(ValueError, match="impl='naive' cannot read sinks"):
-        flashedu.attention(q, k_cache, v_cache, sinks=torch.zeros(4, device=q.device), impl="naive")
+    with pytest.raises(ValueError, match="impl='naive' cannot read a paged KV cache"):
+        flashedu.attention(q, k_cache, v_cache, block_table=table, cache_seqlens=lens, impl="naive")
     with pytest.raises(NotImplementedError, match="forward only"):
         flashedu.attention(
             q.requires_grad_(), k_cache, v_cache, block_table=table, cache_seqlens=lens
         )
+
+
+# ---- sinks in training: any implementation, differentiable ---------------------------------------
+def _sink_reference(q, k, v, sinks, causal):
+    """float64 attention with the sink as an explicit extra key whose value row is zero."""
+    q, k, v, sinks = (x.double() for x in (q, k, v, sinks))
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        N_q, N_k = s.shape[-2:]
+        keep = torch.ones(N_q, N_k, dtype=torch.bool).tril(N_k - N_q)
+        s = s.masked_fill(~keep, float("-inf"))
+    sink_col = sinks[None, :, None, None].expand(*s.shape[:-1], 1)
+    p = torch.softmax(torch.cat([s, sink_col], -1), -1)
+    return p[..., :-1] @ v
+
+
+@pytest.mark.parametrize("impl", ["torch_tiled", "naive", "tiled", "triton"])
+@pytest.mark.parametrize("N_q,N_k", [(5, 7), (6, 3)])  # (6, 3) causal: rows 0-2 see no key
+def test_sinks_train_through_every_implementation(impl, N_q, N_k):
+    dtype = torch.float32 if impl == "triton" else torch.float64
+    gen = torch.Generator().manual_seed(N_q * 10 + N_k)
+    q = torch.randn(2, 4, N_q, 16, generator=gen, dtype=dtype)
+    k, v = (torch.randn(2, 2, N_k, 16, generator=gen, dtype=dtype) for _ in range(2))
+    sinks = torch.tensor([0.5, float("-inf"), 3.0, -2.0], dtype=dtype)
+    do = torch.randn(2, 4, N_q, 16, generator=gen, dtype=dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    o = flashedu.attention(*leaves[:3], sinks=leaves[3], causal=True, impl=impl)
+    o.backward(do)
+    ref_leaves = [x.clone().double().requires_grad_() for x in (q, k, v, sinks)]
+    o_ref = _sink_reference(*ref_leaves, causal=True)
+    o_ref.backward(do.double())
+    kind = "float32" if impl == "triton" else "float64"
+    assert_close(o, o_ref, kind)
+    for got, want in zip(leaves, ref_leaves):
+        assert_close(got.grad, want.grad, kind, grad=True)
+    assert leaves[3].grad[1] == 0  # a sink of -inf takes no weight and gets no gradient
+
+
+def test_sinks_pass_gradcheck_and_lse_includes_the_sink():
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 1, 6, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))  # fmt: skip
+    sinks = torch.tensor([0.3, -1.2], dtype=torch.float64, requires_grad=True)
+    f = lambda *a: flashedu.autograd.flash_attention(*a[:3], sinks=a[3], causal=True)
+    assert torch.autograd.gradcheck(f, (q, k, v, sinks))
+    _, lse = flashedu.autograd.flash_attention(q, k, v, sinks=sinks, return_lse=True)
+    s = q @ k.transpose(-1, -2).repeat_interleave(2, 1) * 8**-0.5
+    want = torch.logsumexp(torch.cat([s, sinks[None, :, None, None].expand(1, 2, 4, 1)], -1), -1)
+    assert torch.allclose(lse, want, atol=1e-12)
+
+
+def test_bad_sinks_are_named():
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    with pytest.raises(ValueError, match=r"sinks must have shape \(H,\) = \(2,\)"):
+        flashedu.attention(q, k, v, sinks=torch.zeros(3))
+    with pytest.raises(TypeError, match="sinks must be floating point"):
+        flashedu.attention(q, k, v, sinks=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="sinks must be a torch.Tensor"):
+        flashedu.attention(q, k, v, sinks=[0.0, 1.0])
+    with pytest.raises(ValueError, match="sinks must be finite or -inf"):
+        flashedu.attention(q, k, v, sinks=torch.tensor([0.0, float("nan")]))
