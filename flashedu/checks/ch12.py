@@ -133,7 +133,7 @@ def _workloads(rng):
                 ("free", "c"),
                 ("append", "d", 2),
             ],
-        ),  # fmt: skip
+        ),
     ]
 
 

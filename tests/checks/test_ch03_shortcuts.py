@@ -247,7 +247,7 @@ def _closure_copy():
         "torch S",
         "module copy",
         "closure copy",
-    ],  # fmt: skip
+    ],
 )
 def test_each_shortcut_is_rejected_by_name(fn, words):
     report, text = run_grader(checks.tiled_attention, fn, seed=SEED)
