@@ -6,7 +6,12 @@ three seeds each; on CPU the kernels run through Triton's interpreter. Informati
 
 from __future__ import annotations
 
+import os
 import time
+
+# Without a GPU the kernels run through Triton's interpreter, which must be chosen before the
+# fixtures' kernels are decorated (tests/conftest.py does the same for the suite).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fixtures import learner_kernels as L
 
