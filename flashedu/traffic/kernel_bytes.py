@@ -6,7 +6,11 @@ show under the kernels the learner writes.
 two into one line per tensor ("K: read 4 times (16,384 B of a 4,096 B tensor); the closed form
 also 4 times: once per query block") and `plot` draws them as pairs of bars.
 
-Introduced in notebooks/06_triton_forward.ipynb; used again in notebooks/07_triton_backward.ipynb.
+`dq_strategies` and `families` put the two ways of summing dQ side by side (chapter 11's
+backward ladder): a separate dQ pass, or float32 partial tiles added in one pass.
+
+Introduced in notebooks/06_triton_forward.ipynb; used again in notebooks/07_triton_backward.ipynb
+and notebooks/11_hopper.ipynb.
 """
 
 from __future__ import annotations
@@ -63,6 +67,46 @@ def backward_passes(B, H, N_q, N_k, d, *, block_m, block_n, causal=False, itemsi
     row = B * H * N_q * d * itemsize
     minus = Traffic({"O": -row, "dO": -row}, {"D": -B * H * N_q * 4})
     return combine(whole, minus)
+
+
+def dq_strategies(B, H, N_q, N_k, d, *, block_m, block_n, causal=False, itemsize=2):
+    """What a backward's kernels move with each way of summing dQ, from `traffic.flash_backward`
+    without the preprocess (it reads O and dO once and writes D, whichever the strategy):
+
+    "separate": a dK/dV pass and a dQ pass (the FA2 kernels, the Gluon backward's default), the
+        two-pass variant: Q and dO read once per key block, K and V once per query block.
+    "atomic": one pass; each visible tile adds its partial dQ into a float32 buffer (a read and a
+        write of BLOCK_M x d float32 per tile; `hopper.triton_bwd`, the Gluon backward's
+        dq_mode="atomic"). Left out, because torch does them outside the kernel: zeroing that
+        buffer and casting it to dQ's dtype at the end.
+    """
+    kw = dict(block_m=block_m, block_n=block_n, causal=causal, itemsize=itemsize)
+    separate = backward_passes(B, H, N_q, N_k, d, **kw)
+    whole = traffic.flash_backward(B, H, N_q, N_k, d, variant="atomic", **kw)
+    row, acc_row = B * H * N_q * d * itemsize, B * H * N_q * d * 4
+    minus = Traffic(
+        {"O": -row, "dO": -row, "dQ": -acc_row}, {"D": -B * H * N_q * 4, "dQ": -acc_row - row}
+    )
+    return {"separate": separate, "atomic": combine(whole, minus)}
+
+
+FAMILIES = ("Q, dO read", "K, V read", "dQ read + written")
+
+
+def families(t: Traffic) -> dict[str, int]:
+    """The bytes in which the dQ strategies differ, in three sums (`FAMILIES`): the query side
+    read (Q and dO), the key side read (K and V), and dQ moved either way."""
+    r, w = t.reads, t.writes
+    return dict(
+        zip(
+            FAMILIES,
+            (
+                r.get("Q", 0) + r.get("dO", 0),
+                r.get("K", 0) + r.get("V", 0),
+                r.get("dQ", 0) + w.get("dQ", 0),
+            ),
+        )
+    )
 
 
 def plot(measured: Traffic, model: Traffic, title: str, ax=None):

@@ -17,8 +17,9 @@ What counts as a byte moved (the model's convention, `flashedu.traffic`):
   an address shared by two arguments goes to the first in the kernel's parameter order.
 
 Names: a pointer argument takes the model's name when it matches one case-insensitively, after
-dropping a `_ptr` / `_ptrs` suffix (`Q`, `q_ptr` -> "Q"; `LSE` -> "lse"; `DO` -> "dO"); `delta` is
-the model's "D"; any other name is kept as written. A tuple argument's tensors are `name[i]`.
+dropping a `_ptr` / `_ptrs` suffix or a tensor descriptor's `desc_` prefix (`Q`, `q_ptr`, `desc_q`
+-> "Q"; `LSE` -> "lse"; `DO` -> "dO"); `delta` is the model's "D"; any other name is kept as
+written. A tuple argument's tensors are `name[i]`.
 
 Limits: it measures the interpreter's run, so it cannot see caches (every load is an HBM load, as
 in the model), and it does not work on kernels compiled for a GPU: there it raises `MeasureError`.
@@ -49,8 +50,11 @@ class MeasureError(RuntimeError):
 
 
 def model_name(param: str) -> str:
-    """The model's name for a kernel parameter: 'q_ptr' -> 'Q', 'DO' -> 'dO', 'out' -> 'out'."""
+    """The model's name for a kernel parameter: 'q_ptr' -> 'Q', 'DO' -> 'dO', 'out' -> 'out'; a
+    tensor descriptor's 'desc_q' -> 'Q'."""
     low = param.lower()
+    if low.startswith("desc_") and low[5:] in _ALIASES:
+        low = low[5:]
     for suffix in ("_ptrs", "_ptr"):
         if low.endswith(suffix) and len(low) > len(suffix):
             low = low[: -len(suffix)]

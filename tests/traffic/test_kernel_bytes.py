@@ -51,3 +51,37 @@ def test_backward_passes_are_the_two_pass_closed_form_without_the_preprocess(cau
     )
     assert passes == model
     assert "O" not in passes.reads and "D" not in passes.writes
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_dq_strategy_moves_its_closed_form(causal):
+    """The FA2 kernels (separate dQ pass) and the one-pass Triton backward (float32 atomics, the
+    only way under the interpreter) move exactly `dq_strategies`' bytes of Q, dO, K, V and dQ."""
+    from flashedu.hopper import triton_bwd
+
+    B, H, N_q, N_k, d, bm, bn = 1, 2, 80, 112, 64, 16, 32
+    q, k, v = random_qkv(B, H, N_q, N_k, d, "float16", kind="torch")
+    do = torch.randn_like(q)
+    o, lse = kernels.forward(q, k, v, causal=causal)
+    skip = ("attn_bwd_preprocess",)
+    with traffic.measure() as separate:
+        triton_backward.backward(do, q, k, v, o, lse, causal=causal, block_m=bm, block_n=bn)
+    with traffic.measure() as atomic:
+        triton_bwd.backward(do, q, k, v, o, lse, causal=causal, config=(bm, bn, 4, 1))
+    model = kernel_bytes.dq_strategies(B, H, N_q, N_k, d, block_m=bm, block_n=bn, causal=causal)
+    for name, m in (("separate", separate), ("atomic", atomic)):
+        mine = kernel_bytes.families(kernel_bytes.measured(m, skip=skip))
+        assert mine == kernel_bytes.families(model[name]), name
+    both = {name: kernel_bytes.families(t) for name, t in model.items()}
+    assert both["atomic"]["Q, dO read"] == both["separate"]["Q, dO read"] - 2 * B * H * N_q * d * 2
+    assert both["atomic"]["K, V read"] < both["separate"]["K, V read"]
+    assert both["atomic"]["dQ read + written"] > both["separate"]["dQ read + written"]
+
+
+def test_families_sum_the_three_sides():
+    t = traffic.Traffic({"Q": 1, "dO": 2, "K": 4, "V": 8, "dQ": 16, "lse": 99}, {"dQ": 32, "dK": 7})
+    assert kernel_bytes.families(t) == {
+        "Q, dO read": 3,
+        "K, V read": 12,
+        "dQ read + written": 48,
+    }

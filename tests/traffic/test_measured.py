@@ -90,6 +90,7 @@ def test_atomics_count_a_read_and_a_write():
 @pytest.mark.parametrize(
     "param, name",
     [("Q", "Q"), ("q_ptr", "Q"), ("LSE", "lse"), ("DO", "dO"), ("dq", "dQ"), ("DELTA", "D")]
+    + [("desc_q", "Q"), ("desc_dq", "dQ"), ("desc_x", "desc_x")]
     + [("Out", "Out"), ("x_ptr", "x_ptr"), ("SLOPES", "SLOPES")],
 )
 def test_parameter_names_map_to_the_models_names(param, name):
