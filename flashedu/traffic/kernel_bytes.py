@@ -79,6 +79,10 @@ def dq_strategies(B, H, N_q, N_k, d, *, block_m, block_n, causal=False, itemsize
         write of BLOCK_M x d float32 per tile; `hopper.triton_bwd`, the Gluon backward's
         dq_mode="atomic"). Left out, because torch does them outside the kernel: zeroing that
         buffer and casting it to dQ's dtype at the end.
+    "workspace": one pass with plain stores instead of atomics: each visible tile writes its
+        partial dQ to a float32 slot of its own (`dq_workspace_bytes`), and a reduction kernel
+        reads every slot and writes dQ. No kernel of the package does this; it is the closed form
+        of the third way, for comparison.
     """
     kw = dict(block_m=block_m, block_n=block_n, causal=causal, itemsize=itemsize)
     separate = backward_passes(B, H, N_q, N_k, d, **kw)
@@ -87,7 +91,22 @@ def dq_strategies(B, H, N_q, N_k, d, *, block_m, block_n, causal=False, itemsize
     minus = Traffic(
         {"O": -row, "dO": -row, "dQ": -acc_row}, {"D": -B * H * N_q * 4, "dQ": -acc_row - row}
     )
-    return {"separate": separate, "atomic": combine(whole, minus)}
+    atomic = combine(whole, minus)
+    # the workspace's slots are written and read once each, as the atomic buffer's tiles are; the
+    # reduction then writes dQ in its dtype
+    workspace = combine(atomic, Traffic({}, {"dQ": row}))
+    return {"separate": separate, "atomic": atomic, "workspace": workspace}
+
+
+def dq_workspace_bytes(B, H, N_q, N_k, d, *, block_m, block_n, causal=False, itemsize=2):
+    """Bytes of the float32 buffer the "workspace" strategy needs: one BLOCK_M x d tile for every
+    visible (query block, key block) pair, that is the atomic strategy's partial-dQ reads."""
+    whole = traffic.flash_backward(
+        B, H, N_q, N_k, d, block_m=block_m, block_n=block_n, causal=causal, itemsize=itemsize,
+        variant="atomic",
+    )  # fmt: skip
+    acc_row = B * H * N_q * d * 4
+    return whole.reads["dQ"] - acc_row
 
 
 FAMILIES = ("Q, dO read", "K, V read", "dQ read + written")

@@ -85,3 +85,16 @@ def test_families_sum_the_three_sides():
         "K, V read": 12,
         "dQ read + written": 48,
     }
+
+
+def test_the_workspace_strategy_streams_what_the_atomics_add():
+    B, H, N, d, bm, bn = 2, 3, 96, 32, 16, 32
+    kw = dict(block_m=bm, block_n=bn)
+    ways = kernel_bytes.dq_strategies(B, H, N, N, d, **kw)
+    slots = kernel_bytes.dq_workspace_bytes(B, H, N, N, d, **kw)
+    assert slots == (N // bm) * (N // bn) * B * H * bm * d * 4  # a float32 tile per tile pair
+    assert ways["workspace"].reads == ways["atomic"].reads
+    assert ways["workspace"].reads["dQ"] == slots
+    assert ways["workspace"].writes["dQ"] == slots + B * H * N * d * 2
+    causal = kernel_bytes.dq_workspace_bytes(B, H, N, N, d, causal=True, **kw)
+    assert 0 < causal < slots
