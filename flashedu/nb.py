@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import re
 
 import numpy as np
 
@@ -32,13 +33,31 @@ def source(obj) -> str:
     return inspect.getsource(obj)
 
 
+# What the formatter and the linter read, not the learner: a trailing "fmt: skip" or bare "noqa"
+# (with codes or none) comment, and a line that is only "fmt: off" or "fmt: on".
+_CODES = r"(?::[ \t]*[A-Z]+[0-9]+(?:,[ \t]*[A-Z]+[0-9]+)*)?"
+_TOOL_COMMENT = re.compile(r"[ \t]*# (?:fmt: (?:skip|off|on)|noqa" + _CODES + r")[ \t]*$")
+
+
+def readable(text: str) -> str:
+    """`text` without the comments addressed to the formatter and the linter (the code is
+    unchanged): the form in which `show_source` displays it."""
+    lines = []
+    for line in text.split("\n"):
+        bare = _TOOL_COMMENT.sub("", line)
+        if bare.strip() or not line.strip():
+            lines.append(bare)
+    return "\n".join(lines)
+
+
 def show_source(obj):
-    """Display the source of `obj` with syntax highlighting (plain text outside IPython).
+    """Display the source of `obj` with syntax highlighting (plain text outside IPython), without
+    the formatter's and linter's comments (`readable`).
 
     Notebooks call this instead of copying package code, so the learner reads exactly what the tests
     cover.
     """
-    text = source(obj)
+    text = readable(source(obj))
     try:
         from IPython.display import Code, display
     except ImportError:  # pragma: no cover
