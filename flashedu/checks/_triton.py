@@ -22,8 +22,8 @@ return value could come from anywhere), and is named as such. Then:
 - A kernel decorated before flashedu set up the interpreter (`import triton` first, no GPU) is
   re-wrapped for the interpreter when it can be, else the report says in one line what to restart.
 
-Used by the graders in ch06.py and ch07.py; tested in tests/test_checks_ch06.py, ch07 and
-tests/checks/test_ch06_shortcuts.py, test_ch07_shortcuts.py.
+Used by the graders in ch06.py and ch07.py; tested in tests/checks/test_ch06.py, test_ch07.py,
+test_ch06_shortcuts.py and test_ch07_shortcuts.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ exercise 6.3 for the forward kernel itself, from a skeleton, graded in stages (`
 against float64 and, under the interpreter, the bytes FA2 moves.
 
 The learner hands over the `@triton.jit` kernel, never a Python wrapper: the grader launches it
-itself (`triton_exercises.launch_scores` / `launch_forward`), with block sizes of its own that
+itself (`kernels.exercises.launch_scores` / `launch_forward`), with block sizes of its own that
 differ between cases, on ragged lengths several blocks long, into outputs filled with NaN, and
 grades what the kernel stored. Under the interpreter every load and store is measured: a tile
 larger than the grader's block ("your kernel read all 45 keys of K in one tile; the grader asked
@@ -71,7 +71,7 @@ def triton_scores(kernel, *, seed=None, out=print):
     """Grade exercise 6.1, `kernel(Q, K, S, stride_qm, stride_kn, stride_sm, N_q, N_k, sm_scale,
     CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)`, a @triton.jit kernel: one program per (BLOCK_M, BLOCK_N)
     tile of s (N_q, N_k), s_ij = q_i . k_j * sm_scale, -inf where query i may not see key j
-    (causal: j <= i + N_k - N_q). The grader launches it (`triton_exercises.launch_scores`) with
+    (causal: j <= i + N_k - N_q). The grader launches it (`kernels.exercises.launch_scores`) with
     its own blocks into a NaN-filled s, and checks that each program stored its own tile."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))
@@ -254,7 +254,7 @@ Optional: exp2 with log2(e) folded into the scale, lse = (m2 + log2(l)) * ln(2).
 def triton_forward(kernel, *, seed=None, out=print):
     """Grade exercise 6.3, the whole FlashAttention-2 forward kernel: `kernel` is a @triton.jit
     function with the skeleton's signature, which the grader launches itself through
-    `triton_exercises.launch_forward`, with its own BLOCK_M and BLOCK_N, into NaN-filled o and lse
+    `kernels.exercises.launch_forward`, with its own BLOCK_M and BLOCK_N, into NaN-filled o and lse
     (a Python function is not graded: its return value could come from anywhere). Stages: N a
     block multiple, ragged N, causal N_q < N_k, rows that see no key, GQA, float16; each with tiles
     no larger than the grader's blocks, against float64, and under the interpreter the bytes moved

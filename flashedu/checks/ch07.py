@@ -6,7 +6,7 @@ launches; exercise 7.2 for a Triton kernel that rebuilds a tile of P = exp(S - l
 forward's log-sum-exp, as the dK/dV and dQ kernels do; exercises 7.3 and 7.4 for the whole dK/dV and
 dQ kernels, from skeletons, graded in stages like 6.3 (`_kernel_cases`) against the float64
 gradients and, under the interpreter, the bytes FA2 moves. As in chapter 06 the learner hands over
-the `@triton.jit` kernel and the grader launches it itself (`triton_exercises.launch_preprocess`,
+the `@triton.jit` kernel and the grader launches it itself (`kernels.exercises.launch_preprocess`,
 `launch_probabilities`, `launch_dkdv`, `launch_dq`) with its own blocks into NaN-filled outputs;
 tiles larger than its blocks, and programs that store outside their own rows or tile, are named.
 Mistakes are named by float64 twins: products summed in fp16, the (batch, head) offset forgotten,
@@ -47,7 +47,7 @@ def bwd_preprocess(kernel, *, seed=None, out=print):
     stride_dh, stride_dm, stride_deltab, stride_deltah, N, H, HEAD_DIM, BLOCK_M)`, a @triton.jit
     kernel: o and do (B, H, N, d) float16, delta (B, H, N) float32 with delta[b, h, i] =
     sum_k do[b, h, i, k] * o[b, h, i, k], products and sum in float32, one program per BLOCK_M
-    rows of one (batch, head). The grader launches it (`triton_exercises.launch_preprocess`) with
+    rows of one (batch, head). The grader launches it (`kernels.exercises.launch_preprocess`) with
     its own BLOCK_M into a NaN-filled delta."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))
@@ -111,7 +111,7 @@ def recompute_probabilities(kernel, *, seed=None, out=print):
     float32 of one head and the forward's lse (N_q,) float32 (natural log); p (N_q, N_k) =
     exp(q k^T * sm_scale - lse), 0 where query i may not see key j (causal bottom-right) and on
     rows with lse = -inf, one program per (BLOCK_M, BLOCK_N) tile. The grader launches it
-    (`triton_exercises.launch_probabilities`) with its own blocks into a NaN-filled p."""
+    (`kernels.exercises.launch_probabilities`) with its own blocks into a NaN-filled p."""
     rng = rng_for(seed)
     r = lambda lo, hi: int(rng.integers(lo, hi + 1))
     bs = _kernel_cases.BLOCK
@@ -201,7 +201,7 @@ After the loops: store dk * sm_scale and dv once, masked cols < N_k.
 def triton_dkdv(kernel, *, seed=None, out=print):
     """Grade exercise 7.3, the dK/dV kernel of the FlashAttention-2 backward: `kernel` is a
     @triton.jit function with the skeleton's signature, which the grader launches itself through
-    `triton_exercises.launch_dkdv` with its own blocks into NaN-filled dk and dv. lse comes from
+    `kernels.exercises.launch_dkdv` with its own blocks into NaN-filled dk and dv. lse comes from
     the forward and delta = rowsum(do * o). Stages as in 6.3; each with tiles no larger than the
     grader's blocks, against the float64 gradients, and under the interpreter the bytes moved
     against FA2's."""
@@ -221,7 +221,7 @@ After the loop: store dq * sm_scale once, masked rows < N_q.
 def triton_dq(kernel, *, seed=None, out=print):
     """Grade exercise 7.4, the dQ kernel of the FlashAttention-2 backward: `kernel` is a
     @triton.jit function with the skeleton's signature, which the grader launches itself through
-    `triton_exercises.launch_dq` with its own blocks into a NaN-filled dq. Stages as in 6.3; each
+    `kernels.exercises.launch_dq` with its own blocks into a NaN-filled dq. Stages as in 6.3; each
     with tiles no larger than the grader's blocks, against the float64 gradient, and under the
     interpreter the bytes moved against FA2's."""
     return _grade_backward("dq", "triton_dq", kernel, seed, out, triton_dq.solution_name)

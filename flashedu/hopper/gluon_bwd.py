@@ -14,7 +14,7 @@ per slot). Per query block the program runs, with P and dS transposed because it
     ATOMIC_DQ: dQ_i^T = K^T dS^T   (dS^T through shared memory, async beside dK), then added to a
                                    float32 dQ in global memory with one atomic per element
 
-with D = rowsum(dO * O) (`triton_backward.preprocess`). Five block matmuls per (query block, key
+with D = rowsum(dO * O) (`kernels.bwd.preprocess`). Five block matmuls per (query block, key
 block) pair with ATOMIC_DQ; without it (the default, `dq_mode="separate"`) four here and three more
 in `_gluon_bwd_dq`, a second kernel that owns BLOCK_M queries and streams the key blocks (S, dP,
 then dQ += dS K): no atomics, so the same bits on every run (`deterministic=True` insists on it).
@@ -34,17 +34,19 @@ the heads of a group (deterministic; no atomics on dK, dV).
 Measured on the H200 (notebooks/results/h200_backward.json; GPU_NOTES.md, "Gluon backward"; one
 run, backward alone, N = 8192, separate dQ): bf16 d = 128 406 TFLOP/s (causal 382) against the FA2
 backward's 353 (326) and cuDNN's 529 (507); d = 64 causal 311 against 299 and 403; d = 64 non-causal
-level with FA2 (0.99x), so `hopper_dispatch` keeps FA2 there. Atomic dQ is about 2x slower than the
+level with FA2 (0.99x), so `hopper.dispatch` keeps FA2 there. Atomic dQ is about 2x slower than the
 separate pass (17 GB of float32 partials added in L2 at that size) and stays an option. The tensor
 pipe is as busy as in cuDNN's kernel (ncu: 66 % and 81 % in the two kernels, 65 % in cuDNN's); the
 gap to cuDNN is the two extra matmuls of the dQ pass. Not here: a producer warp (warp
 specialisation), `setmaxnreg`, persistent scheduling, TMA bulk reductions of dQ (not exposed by
 Triton 3.6's Gluon).
 
-Contract: as `triton_hopper.forward`'s (fp16/bf16, d 64 or 128, GQA, bottom-right causal, any
+Contract: as `triton_fwd.forward`'s (fp16/bf16, d 64 or 128, GQA, bottom-right causal, any
 N_q, N_k >= 1); do and o (B, H, N_q, d); lse (B, H, N_q) float32 from the forward. Rows that see
 no key (lse = -inf) get zero gradients. Gluon does not run under TRITON_INTERPRET=1: there, and off
 sm_90, it raises `HopperUnsupported`.
+
+Introduced in notebooks/11_hopper.ipynb (the backward's ablation ladder).
 """
 
 from __future__ import annotations
@@ -572,7 +574,7 @@ def backward(
     """Gradients (dq, dk, dv) of sum(o * do) through the Gluon kernels.
 
     Args:
-        do, o: (B, H, N_q, d); q, k, v and the options as for `triton_hopper.forward`; lse:
+        do, o: (B, H, N_q, d); q, k, v and the options as for `triton_fwd.forward`; lse:
             (B, H, N_q) float32, the forward's.
         dq_mode: "separate" (a second kernel computes dQ; no atomics, the same bits every run;
             the default, faster on the H200) or "atomic" (dQ summed in the dK/dV pass by float32

@@ -5,12 +5,12 @@ kernel (6.1) and the whole FlashAttention-2 forward kernel (6.3) of chapter 06; 
 Each kernel keeps the skeleton's signature and given prologue (`flashedu.kernels.exercises`) and
 fills the rest the plain way: every key (or query) block goes through one masked path, `tl.exp`
 in natural units, no block-range split. That is what `checks.solution(...)` shows for exercises
-6.1, 6.3, 7.1-7.4. The package's own kernels (`flashedu.kernels.fwd`, `triton_backward`) are
+6.1, 6.3, 7.1-7.4. The package's own kernels (`flashedu.kernels.fwd`, `flashedu.kernels.bwd`) are
 the tuned versions of the same algorithm: base-2 exponentials with log2(e) folded into the scale,
 mask arithmetic only on the blocks that need it, windows, ALiBi and autotuning.
 
-`forward` and `backward` run these kernels through the launchers; tests/test_triton_solutions.py
-holds them to the float64 reference on the cases `triton_attention` is tested on (ragged lengths,
+`forward` and `backward` run these kernels through the launchers; tests/kernels/test_solutions.py
+holds them to the float64 reference on the cases `kernels.fwd` is tested on (ragged lengths,
 causal with N_q != N_k, rows that see no key, GQA, float16 and float32).
 
 Introduced in notebooks/06_triton_forward.ipynb (forward) and notebooks/07_triton_backward.ipynb
