@@ -24,7 +24,7 @@ How it is stopped, and what that can and cannot reach:
   synchronising call inside C; only restarting the kernel (the notebook's, which also frees the GPU)
   ends it. Under TRITON_INTERPRET=1 (no GPU) a launch is Python code and is stopped like any loop.
 A trace function from the start would reach no further, would slow every line the learner runs,
-and would clash with the graders' own tracers (`_watch.find_large_local`): it is used only for
+and would clash with the graders' own tracers (`_watch.numpy_held`): it is used only for
 that escalation.
 
 Inputs. `on_copies(fn)` gives the learner copies of a case's arrays and tensors and afterwards
