@@ -122,7 +122,7 @@ def block_visible(
 def block_kind(rows, cols, N_q: int, N_k: int, *, causal: bool = False, window_size=None) -> str:
     """ "skip", "partial" or "full" for query rows [r0, r1) against keys [c0, c1), from two corners.
 
-    Query i sees key j iff -left <= j - (i + N_k - N_q) <= right (`traffic.band`; -1 leaves a side
+    Query i sees key j iff -left <= j - (i + N_k - N_q) <= right (`band` above; -1 leaves a side
     open). That offset grows along a row and shrinks down a column, so the block's smallest offset
     sits at its bottom-left corner and its largest at its top-right: the block is hidden when the
     largest is below the band or the smallest above it, and fully visible when both lie inside.
