@@ -122,14 +122,19 @@ def write(result: dict, out) -> Path:
 
 # Modules a recorded run named that have since moved: old name -> the name that runs today.
 MOVED_MODULES = {"flashedu.gpu_check": "flashedu.bench.gpu_check"}
+# run scripts that have moved since a recorded run, by folder
+MOVED_SCRIPTS = {"notebooks/results/h200_hopper_runs/": "scripts/hopper/"}
 
 
 def portable_command(command: str) -> str:
     """A recorded command with each `--out` path cut to its file name, as a reader would type it
     (the GPU runs write to a scratch folder whose absolute path means nothing elsewhere), and a
-    module that has moved since the run under the name it has now (`MOVED_MODULES`)."""
+    module or run script that has moved since the run under the name it has now (`MOVED_MODULES`,
+    `MOVED_SCRIPTS`)."""
     for old, new in MOVED_MODULES.items():
         command = re.sub(rf"(-m ){re.escape(old)}(?=\s|$)", rf"\g<1>{new}", command)
+    for old, new in MOVED_SCRIPTS.items():
+        command = re.sub(rf"(?<![\w/.]){re.escape(old)}(?=\w+\.py\b)", new, command)
     return re.sub(r"(--out[ =])\S*/([^/\s]+)", r"\1\2", command)
 
 

@@ -3,7 +3,7 @@ timeline of producer and consumer work per tile with ping-pong and intra-warpgro
 half (block quantiser, Hadamard rotation, emulated FP8 attention) is in `flashedu.hopper.fp8`.
 
 * `softmax_budget`: seconds of tensor-core matmul against seconds of exponentials for one forward,
-  from two rates: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, section 3.2) gives the
+  from two rates: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, section 3.1) gives the
   H100 SXM5 989 TFLOP/s of FP16 matmul but 3.9 TFLOP/s of special functions (exp2 and friends).
 * `tile_costs` and `timeline`: per-tile work on one SM computed from rates, then laid out on the
   SM's units (TMA copy engine, tensor cores, special-function units) under four schedules, from
@@ -28,9 +28,9 @@ from .. import traffic
 
 _H100 = traffic.GPUS["H100-SXM"]
 MATMUL_TFLOPS = _H100.dense_flops / 1e12
-"""Dense FP16/BF16 tensor-core rate of the H100 SXM5: 989 TFLOP/s (H100 datasheet; FA3 s3.2)."""
+"""Dense FP16/BF16 tensor-core rate of the H100 SXM5: 989 TFLOP/s (H100 datasheet; FA3 s3.1)."""
 SFU_TFLOPS = _H100.sfu_tflops
-"""Special-function rate of the H100 SXM5, 3.9 TFLOP/s (FA3 s3.2), read from the preset's
+"""Special-function rate of the H100 SXM5, 3.9 TFLOP/s (FA3 s3.1), read from the preset's
 `sfu_flops` (`flashedu.traffic.hardware`)."""
 SMS = _H100.sms
 LOAD_BYTES_PER_S = _H100.hbm_bandwidth / _H100.sms

@@ -55,11 +55,11 @@ _H100_SRC = (
     "block), 989 TFLOP/s dense FP16/BF16"
 )
 _SFU_SRC = (
-    "; special functions: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 3.2) gives "
+    "; special functions: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 3.1) gives "
     "the H100 SXM5 3.9 TFLOP/s of exponentials (multi-function units) against 989 TFLOP/s of FP16 "
     "matmul"
 )
-SFU_H100 = 3.9e12  # exponentials / s, FA3 Sec. 3.2
+SFU_H100 = 3.9e12  # exponentials / s, FA3 Sec. 3.1
 
 GPUS: dict[str, GPU] = {
     "A100-40GB": GPU(
@@ -197,7 +197,7 @@ def exp_count(
 
 def exp_time(exps: float, gpu: GPU | str) -> float | None:
     """Seconds the special-function units need for `exps` exponentials at the preset's rate
-    (FA3 Sec. 3.2: 3.9 T/s on an H100 SXM5, so at d = 128 the N^2 exponentials take about half the
+    (FA3 Sec. 3.1: 3.9 T/s on an H100 SXM5, so at d = 128 the N^2 exponentials take about half the
     time of the 4 N^2 d matmul FLOPs at 989 TFLOP/s); None when the preset cites no rate."""
     g = gpu_preset(gpu)
     return None if g.sfu_flops is None else exps / g.sfu_flops

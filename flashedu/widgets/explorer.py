@@ -89,7 +89,7 @@ def _exp_line(state: dict) -> str:
     return (
         f"Exponentials: {state['exps']:,.0f} on the special-function units at "
         f"{g.sfu_tflops:.1f} T/s take {viz.fmt_time(r.t_exp)}, beside "
-        f"{viz.fmt_time(r.t_compute)} of matmuls (FA3, arXiv:2407.08608, Sec. 3.2)."
+        f"{viz.fmt_time(r.t_compute)} of matmuls (FA3, arXiv:2407.08608, Sec. 3.1)."
     )
 
 

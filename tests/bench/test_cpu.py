@@ -318,6 +318,8 @@ def test_nothing_timed_is_a_failure(tmp_path, monkeypatch, capsys):
 
 
 def test_portable_command_cuts_out_paths_to_file_names():
+    from pathlib import Path
+
     from flashedu.bench.results import portable_command
 
     assert (
@@ -326,3 +328,6 @@ def test_portable_command_cuts_out_paths_to_file_names():
     )
     assert portable_command("python3 r.py --out=$OUT/r4.json") == "python3 r.py --out=r4.json"
     assert portable_command("python -m m --out x.json") == "python -m m --out x.json"
+    moved = "python3 notebooks/results/h200_hopper_runs/round4.py --out $OUT/round4.json"
+    assert portable_command(moved) == "python3 scripts/hopper/round4.py --out round4.json"
+    assert (Path(__file__).parents[2] / "scripts/hopper/round4.py").is_file()
