@@ -142,16 +142,32 @@ def _check_scores(got, expected, mistakes, tf32) -> tuple[bool, str, str]:
     return _triton_judge.check_against(got, expected, SCORES_TOL, mistakes, extra)
 
 
+_STRETCH = ("lo", "full_lo", "full_hi", "hi")
+
+
 def _same_ints(got, expected) -> tuple[bool, str]:
+    """Which of the four bounds are wrong, by name; the right values stay for the hint."""
     try:
         g = tuple(int(x) for x in got)
     except (TypeError, ValueError):
         return False, f"expected 4 ints (lo, full_lo, full_hi, hi), got {got!r}"
-    ok = g == tuple(expected)
-    return ok, f"{g}" + ("" if ok else f", expected {tuple(expected)}")
+    if len(g) != 4:
+        return False, f"expected 4 ints (lo, full_lo, full_hi, hi), got {len(g)}"
+    wrong = [name for name, a, b in zip(_STRETCH, g, expected) if a != b]
+    return not wrong, f"{g}" + (f": {' and '.join(wrong)} wrong" if wrong else "")
 
 
-@grader("flashedu.kernels.intro.kv_range")
+KV_RANGE_FORMULA = """
+With off = N_k - N_q (causal is bottom-right) and round down / up to multiples of block_n:
+  not causal: lo = full_lo = 0, full_hi = N_k rounded down, hi = N_k rounded up
+  causal:     hi = min(max(last + off + 1, 0), N_k) rounded up
+              full_hi = min(min(max(first + off + 1, 0), N_k) rounded down, hi)
+              lo = full_lo = 0
+Rows that see no key get lo == full_lo == full_hi == hi (nothing loaded).
+"""
+
+
+@grader("flashedu.kernels.intro.kv_range", formula=KV_RANGE_FORMULA)
 def kv_block_range(fn, *, seed=None, out=print):
     """Grade `fn(first, last, N_q, N_k, block_n, *, causal=False) -> (lo, full_lo, full_hi, hi)`:
     for the query rows first..last (inclusive), the key stretches of the forward kernel, all
@@ -170,43 +186,31 @@ def kv_block_range(fn, *, seed=None, out=print):
             "no mask, N_k a block multiple",
             (i, i + bm - 1, n, n),
             False,
-            "without a mask every key is visible to every row: all of [0, N_k) is the full stretch",
+            "without a mask every key is visible to every row",
         ),
         (
             f"no mask, ragged N_k={ragged}",
             (i, i + bm - 1, n, ragged),
             False,
-            (
-                "the ragged last key block needs the bounds mask: full_hi rounds N_k down to a "
-                "block, hi rounds up"
-            ),
+            "the ragged last key block is in the wrong stretch: part of it is past N_k",
         ),
         (
             f"causal, rows {i}..{i + bm - 1} of N={n}",
             (i, i + bm - 1, n, n),
             True,
-            (
-                "causal: keys before the block's first row are full; the diagonal block(s) up to "
-                "its last row are masked"
-            ),
+            "causal: the diagonal block(s) of these rows are in the wrong stretch",
         ),
         (
             f"causal, N_q={n} < N_k={n + bn + 3}",
             (i, i + bm - 1, n, n + bn + 3),
             True,
-            (
-                "causal offset: row i sees keys j <= i + N_k - N_q (bottom-right), so shift both "
-                "ends by N_k - N_q"
-            ),
+            "causal with N_q < N_k: the diagonal is bottom-right aligned, not top-left",
         ),
         (
             f"causal, N_q={n + 2 * bm} > N_k={n}: rows that see nothing",
             (0, bm - 1, n + 2 * bm, n),
             True,
-            (
-                "rows with i + N_k - N_q < 0 see no key: nothing to load, return "
-                "lo == full_lo == full_hi == hi"
-            ),
+            "these rows see no key (N_q > N_k, causal): a range that loads keys for them",
         ),
         (
             f"causal, short last block (N={n - 7})",
