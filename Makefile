@@ -84,7 +84,8 @@ test-browser: install
 	$(PY) -m pytest tests -m browser -q -p no:cacheprovider -rs
 
 # The container for real (tests/test_container_build.py): podman builds the Dockerfile on a Debian 12
-# base made by debootstrap, runs it and checks the lab answers. About ten minutes and 3 GB; CI runs it.
+# base made by debootstrap, runs it and checks the lab answers: 3 min 34 s on a 2-core machine
+# (2026-12-04) and about 3 GB; CI runs it.
 test-container: install
 	@if command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
