@@ -46,6 +46,8 @@ persistent).
 Host side: the tensors are viewed as 3-D (B * heads, N, d) and each descriptor's tile is
 [1, rows, d]: one head's rows only, so a tile that runs past the end of a sequence is zero-filled
 by TMA instead of reading the next head.
+
+Introduced in notebooks/11_hopper.ipynb (the Hopper kernels on the H200).
 """
 
 from __future__ import annotations
