@@ -137,7 +137,7 @@ class TileChoice:
         """One line: the blocks, the rule that chose them, and the SRAM they need of the budget."""
         why = {
             "fit": "largest powers of two that fit, the outer loop's block first",
-            "paper": "the paper's rule B_c = ceil(M / 4d), B_r = min(B_c, d)",
+            "paper": "the paper's B_c = ceil(M / 4d), B_r = min(B_c, d); B_c on the outer loop",
             "given": "as given",
         }[self.rule]
         if not self.tiles:
