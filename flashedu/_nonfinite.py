@@ -7,7 +7,9 @@ cannot see key j (causal or sliding-window masks). A NaN in q or k reaches only 
 scores it enters, in every implementation alike. Kernels that skip the K/V blocks a row cannot
 see never multiply those zeros by v, so they would keep such rows finite: `poison_hidden_values`
 restores the reference's answer after the kernel, with O(N d) elementwise work beside the kernel's
-O(N^2 d), and leaves the kernels themselves as they are.
+O(N^2 d), and leaves the kernels themselves as they are. On a GPU that work is two small Triton
+kernels (`flashedu.kernels.nonfinite`: one read of v, no host sync); the torch version below, a
+dozen passes over index tensors the size of v and o, cost as much as a causal forward on the H200.
 
 Used by `flashedu.tiled.forward` (NumPy, `poison_hidden_values_np`),
 `flashedu.torch_tiled.forward`, `flashedu.kernels.forward` and the Hopper kernels' dispatch
@@ -27,6 +29,10 @@ def poison_hidden_values(o, v, N_q: int, left: int, right: int):
     unbounded), as in `masks.band`. Nothing is masked when both sides are unbounded: o returned."""
     if left < 0 and right < 0:
         return o
+    if o.is_cuda:  # o is the kernel's own fresh output: poisoned in place
+        from .kernels import nonfinite
+
+        return nonfinite.poison_hidden_values(o, v, N_q, left, right)
     import torch  # here, so that the NumPy implementations need not import it
 
     B, H_kv, N_k, _ = v.shape

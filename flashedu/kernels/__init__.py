@@ -13,6 +13,8 @@
 * `paged`: split-KV decoding through a paged KV cache's block table, with attention sinks
   (chapter 12; `decoding.paged_forward`); `paged_solution`: the page lookup it calls, the answer
   to chapter 12's Triton exercise.
+* `nonfinite`: the GPU form of `_nonfinite.poison_hidden_values` (a non-finite v in a skipped
+  block reaches the rows the reference makes NaN): one read of v, no host sync.
 * `varlen`: packed sequences in one launch. `intro`: chapter 06's first kernels (one tile of S
   or P). `exercises` / `solutions`: the kernel exercises of chapters 06 and 07 and their answers.
 

@@ -446,11 +446,13 @@ def dkdv_table(d, wide):
         return [(64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2)]
     if d == 128:
         return [(32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2)]
-    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles first, not yet timed
+    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles, fastest first by the
+    # H200 sweep (h200_headdims.json, non-causal + causal: 3.43 ms at d = 96 against 8.97 for
+    # (32, 64, 8, 2); 12.45 ms at d = 192 against 17.96 for (16, 64, 8, 3))
     if d < 128:
-        return [(32, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2)]
+        return [(32, 64, 4, 2), (32, 128, 8, 2), (32, 64, 8, 2)]
     if d <= 192:
-        return [(16, 64, 8, 3), (16, 64, 8, 2), (32, 64, 8, 2), (32, 64, 8, 1)]
+        return [(32, 64, 8, 2), (32, 64, 8, 1), (16, 64, 8, 3), (16, 64, 8, 2)]
     # d 129-256 padded: the fastest of six tiles on the H200 (GPU_NOTES.md, "Gluon backward",
     # run 4), though it spills (136 bytes at d = 192); every tile tried spills at this width
     return [(32, 64, 8, 2)]
@@ -466,14 +468,17 @@ def dq_table(d, wide):
         return [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
-    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles, not yet timed
+    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles, fastest first by the
+    # H200 sweep (h200_headdims.json, non-causal + causal: 1.64 ms at d = 80 against 1.83 for
+    # (128, 64, 8, 3); 3.55 ms at d = 192 against 4.61 for (128, 32, 8, 2))
     if d < 128:
-        return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
+        return [(64, 32, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2)]
     if d <= 192:
-        return [(128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3)]
-    # d 129-256: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward", run 4:
-    # 3.39 ms at d = 192 against 9.04 for the former (32, 32, 4, 2))
-    return [(128, 32, 8, 2)]
+        return [(128, 64, 8, 2), (128, 32, 8, 3), (128, 32, 8, 2)]
+    # d 129-256 padded: run 4's fastest tile (GPU_NOTES.md, "Gluon backward": 3.39 ms at d = 192
+    # against 9.04 for the former (32, 32, 4, 2)) with three stages, measured faster at d = 256
+    # (h200_headdims.json: 2.96 / 1.67 ms non-causal / causal against 3.83 / 2.07 with two)
+    return [(128, 32, 8, 3), (128, 32, 8, 2)]
 
 
 def dkdv_parts_table(d, wide):
@@ -482,7 +487,9 @@ def dkdv_parts_table(d, wide):
     to width 128. Above it 128 keys a program, which the fused kernel cannot hold: at
     (32, 128, 8, 2) sm_90a compiles of d = 192 in two chunks spill nothing but the causal dK
     launch (116 B), d = 256 padded 0-232 B, against 136-280 B for the fused (32, 64, 8, 2)
-    (notebooks/results/sm90_compile_headdims.json); not yet timed."""
+    (notebooks/results/sm90_compile_headdims.json). Timed on the H200 (h200_headdims.json,
+    non-causal + causal): 8.44 ms at d = 192 in two chunks and 10.40 at d = 256 padded, against
+    9.22 and 11.36 for (64, 128, 8, 1)."""
     if wide or d <= 128:
         return dkdv_table(d, wide)
     return [(32, 128, 8, 2), (32, 64, 8, 2), (64, 128, 8, 1)]

@@ -249,11 +249,14 @@ def fwd_table(d, wide):
         return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4)]
     # Two-chunk widths (launch.SPLIT_HEAD_DIMS; 80 = 64 + 16, 96 = 64 + 32, 144-192 = 128 + 16-64):
     # tiles that compile for sm_90a without a spill and within shared memory
-    # (scripts/hopper/compile_fa2.py, GPU_NOTES.md "Head dims in two chunks"), not yet timed.
+    # (scripts/hopper/compile_fa2.py, GPU_NOTES.md "Head dims in two chunks"), fastest first by
+    # the H200 sweep (notebooks/results/h200_headdims.json: at d = 96, 1.01 / 1.26 ms non-causal /
+    # causal against 1.08 / 1.26 for (128, 64, 8, 3); at d = 192, 1.69 / 2.12 against 1.79 / 2.31
+    # for (128, 64, 8, 2)).
     if d < 128:
-        return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2)]
+        return [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 2)]
     if d <= 192:
-        return [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)]
+        return [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3)]
     # d 129-256 padded: the fastest of five tiles on the H200 (GPU_NOTES.md, "Gluon backward",
     # run 4: 2.01 ms at d = 192 against 3.46 for the former (64, 32, 4, 3))
     return [(128, 64, 8, 2)]

@@ -1,0 +1,111 @@
+"""`_nonfinite.poison_hidden_values` on the GPU, in two small kernels and without a host sync.
+
+A kernel that skips the key blocks a row cannot see never multiplies their zeros by v, so a NaN or
+an infinity in a skipped v[j, c] would not reach the rows the reference makes NaN (0 x NaN = NaN in
+o = P @ V). The torch version restores them with a dozen elementwise passes over int64 index
+tensors the size of v and o; on an H200 at B = 4, H = 16, N = 4096, d = 96 that cost 0.6 ms,
+about as much as the causal forward it follows (notebooks/results/GPU_NOTES.md, "Head dims").
+Here:
+
+1. `_bad_keys`: one read of v. Programs over (batch x K/V head, block of keys) find, per column,
+   the first non-finite key and the last one, and fold them into two int32 per column with
+   atomic min (`BAD[0]`: the first; `BAD[1]`: N_k - 1 - the last, so that both start at N_k,
+   "none", from one fill).
+2. `_poison_rows`: reads only those 2 x d integers per head and stores NaN where a row cannot see
+   its column's first or last bad key; it reads nothing of o and writes only the poisoned entries.
+
+HBM: v once (2 bytes an element in fp16/bf16), plus what is poisoned; no host sync, so the call
+stays asynchronous and can be captured in a CUDA graph. Under the interpreter the kernels run on
+CPU tensors (tests/kernels/test_nonfinite.py holds them to the torch version).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+KEYS_PER_PROGRAM = 1024  # keys one `_bad_keys` program scans (in BLOCK_N steps)
+
+
+@triton.jit
+def _bad_keys(
+    V, BAD, stride_vb, stride_vh, stride_vn, stride_bad, H_kv, N_k, D,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KEYS: tl.constexpr,
+):  # fmt: skip
+    """Grid (B * H_kv, cdiv(N_k, KEYS), cdiv(D, BLOCK_D)). BAD: int32 (2, B * H_kv, D) filled
+    with N_k; afterwards BAD[0] is the first key whose v is not finite in each column, BAD[1]
+    N_k - 1 - the last one (N_k: none)."""
+    bh = tl.program_id(0)
+    start = tl.program_id(1) * KEYS
+    cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    V += (bh // H_kv).to(tl.int64) * stride_vb + (bh % H_kv).to(tl.int64) * stride_vh
+    first = tl.full([BLOCK_D], 2147483647, tl.int32)
+    last = tl.full([BLOCK_D], -1, tl.int32)
+    for n in tl.range(start, tl.minimum(start + KEYS, N_k), BLOCK_N):
+        keys = n + tl.arange(0, BLOCK_N)
+        inside = (keys[:, None] < N_k) & (cols[None, :] < D)
+        x = tl.load(V + keys[:, None].to(tl.int64) * stride_vn + cols[None, :], mask=inside,
+                    other=0.0).to(tl.float32)  # fmt: skip
+        bad = ((x != x) | (tl.abs(x) == float("inf"))) & inside
+        first = tl.minimum(first, tl.min(tl.where(bad, keys[:, None], 2147483647), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(bad, keys[:, None], -1), axis=0))
+    seen = cols < D
+    tl.atomic_min(BAD + bh * D + cols, first, mask=seen & (last >= 0))
+    tl.atomic_min(BAD + stride_bad + bh * D + cols, N_k - 1 - last, mask=seen & (last >= 0))
+
+
+@triton.jit
+def _poison_rows(
+    O, BAD, stride_ob, stride_oh, stride_om, stride_bad, H, GROUP, N_q, N_k, D, LEFT, RIGHT,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Grid (B * H, cdiv(N_q, BLOCK_M), cdiv(D, BLOCK_D)): NaN into o[b, h, i, c] where row i
+    cannot see the first (left edge) or last (right edge) non-finite key of column c."""
+    bh = tl.program_id(0)
+    b = bh // H
+    kv = b * (H // GROUP) + (bh % H) // GROUP
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    first = tl.load(BAD + kv * D + cols, mask=cols < D, other=N_k)
+    last = N_k - 1 - tl.load(BAD + stride_bad + kv * D + cols, mask=cols < D, other=N_k)
+    diag = rows[:, None] + (N_k - N_q)  # the key level with each row
+    hidden = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.int1)
+    if HAS_RIGHT:
+        hidden = hidden | ((last[None, :] >= 0) & (last[None, :] > diag + RIGHT))
+    if HAS_LEFT:
+        hidden = hidden | ((first[None, :] < N_k) & (first[None, :] < diag - LEFT))
+    hidden = hidden & (rows[:, None] < N_q) & (cols[None, :] < D)
+    O += b.to(tl.int64) * stride_ob + (bh % H).to(tl.int64) * stride_oh
+    nan = tl.full([BLOCK_M, BLOCK_D], float("nan"), tl.float32)
+    ptrs = O + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+    tl.store(ptrs, nan.to(O.dtype.element_ty), mask=hidden)
+
+
+def poison_hidden_values(o: torch.Tensor, v: torch.Tensor, N_q: int, left: int, right: int):
+    """As `flashedu._nonfinite.poison_hidden_values`, in place on o (which it returns): o
+    (B, H, N_q, d_v) with unit stride along d_v, v (B, H_kv, N_k, d_v)."""
+    if left < 0 and right < 0:
+        return o
+    B, H_kv, N_k, D = v.shape
+    H = o.shape[1]
+    if o.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("kernels.nonfinite: o and v need unit stride along the head dim")
+    bad = torch.full((2, B * H_kv, D), N_k, dtype=torch.int32, device=v.device)
+    block_d = min(triton.next_power_of_2(D), 128)
+    block_n = 32 if block_d > 64 else 64
+    keys = min(KEYS_PER_PROGRAM, triton.cdiv(N_k, block_n) * block_n)
+    grid = (B * H_kv, triton.cdiv(N_k, keys), triton.cdiv(D, block_d))
+    _bad_keys[grid](
+        v, bad, v.stride(0), v.stride(1), v.stride(2), bad.stride(0), H_kv, N_k, D,
+        BLOCK_N=block_n, BLOCK_D=block_d, KEYS=keys,
+    )  # fmt: skip
+    block_m = 64
+    grid = (B * H, triton.cdiv(N_q, block_m), triton.cdiv(D, block_d))
+    _poison_rows[grid](
+        o, bad, o.stride(0), o.stride(1), o.stride(2), bad.stride(0), H, H // H_kv, N_q, N_k, D,
+        max(left, 0), max(right, 0), HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BLOCK_M=block_m,
+        BLOCK_D=block_d,
+    )  # fmt: skip
+    return o
