@@ -54,6 +54,16 @@ def _auto_impl(q: torch.Tensor, k=None, v=None) -> str:
     return "triton" if q.dtype in dtypes and dims_ok else "torch_tiled"
 
 
+def _hopper_pad(q, k, v) -> int | None:
+    """`hopper.dispatch.pad_width` where CUDA tensors can reach it, else None."""
+    if not q.is_cuda:
+        return None
+    try:
+        return get_impl("hopper").module.pad_width(q, k, v)
+    except ImportError:
+        return None
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -103,6 +113,14 @@ def attention(
             f"attention: q must be a torch.Tensor, got {type(q).__module__}.{type(q).__name__}"
         )
     tensors = isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    width = _hopper_pad(q, k, v) if impl == "auto" and tensors else None
+    if width is not None:  # zero columns to the Hopper width; the scale stays 1 / sqrt(d)
+        d = q.shape[-1]
+        scale = resolve_scale(softmax_scale, d)
+        qp, kp, vp = (torch.nn.functional.pad(x, (0, width - d)) for x in (q, k, v))
+        o = flash_attention(qp, kp, vp, causal=causal, softmax_scale=scale, impl="hopper",
+                            sinks=sinks)  # fmt: skip
+        return o[..., :d]
     name = _auto_impl(q, *((k, v) if tensors else (None, None))) if impl == "auto" else impl
     return flash_attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, impl=name, sinks=sinks

@@ -45,6 +45,35 @@ def takes(q, k, v) -> bool:
     return triton_fwd.supports(torch.cuda.get_device_capability(q.device), q.dtype, d)
 
 
+# Head dims (besides those not a multiple of 8) that impl="auto" zero-pads to a Hopper width;
+# empty until measured faster than the FA2 kernels at the head dim itself (h200_headdims.json's
+# "hopper_padded" rows).
+PAD_HEAD_DIMS: frozenset[int] = frozenset()
+
+
+def pad_width(q, k, v) -> int | None:
+    """The width in MEASURED_FASTER (64 or 128) that `flashedu.attention(impl="auto")` zero-pads
+    q, k and v to before taking this entry, or None. Padded where one head dim d serves q, k and v
+    and either d is not a multiple of 8 (a row of d fp16/bf16 elements is then not 16-byte
+    aligned, so the FA2 kernels load it in pieces; SDPA's FLASH backend pads such a d too) or d is
+    in PAD_HEAD_DIMS, and the Hopper forward runs at the padded width on this GPU (`preferred`).
+    Zero columns leave q k^T unchanged and give zero output columns, which are sliced off; the
+    softmax scale stays 1 / sqrt(d)."""
+    if not all(isinstance(x, torch.Tensor) and x.ndim == 4 for x in (q, k, v)):
+        return None
+    d = q.shape[-1]
+    if d in MEASURED_FASTER or k.shape[-1] != d or v.shape[-1] != d:
+        return None
+    if d % 8 == 0 and d not in PAD_HEAD_DIMS:
+        return None
+    width = next((w for w in sorted(MEASURED_FASTER) if w > d), None)
+    if width is None or not q.is_cuda or triton_fwd.interpreting():
+        return None
+    if not triton_fwd.supports(torch.cuda.get_device_capability(q.device), q.dtype, width):
+        return None
+    return width
+
+
 def preferred(q, k, v) -> bool:
     """Whether `flashedu.attention(impl="auto")` should take this entry: `takes` on a real sm_90
     GPU (never under the interpreter) at a head dim in MEASURED_FASTER."""

@@ -25,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-KEYS_PER_PROGRAM = 1024  # keys one `_bad_keys` program scans (in BLOCK_N steps)
+# keys one `_bad_keys` program scans, in BLOCK_N steps: a few loads each, so that the programs
+# are many (1,024 at B = 2, H_kv = 16, N_k = 8192) and the read streams at the copy's rate
+KEYS_PER_PROGRAM = 256
 
 
 @triton.jit
@@ -94,7 +96,7 @@ def poison_hidden_values(o: torch.Tensor, v: torch.Tensor, N_q: int, left: int, 
         raise ValueError("kernels.nonfinite: o and v need unit stride along the head dim")
     bad = torch.full((2, B * H_kv, D), N_k, dtype=torch.int32, device=v.device)
     block_d = min(triton.next_power_of_2(D), 128)
-    block_n = 32 if block_d > 64 else 64
+    block_n = 64 if block_d > 64 else 128
     keys = min(KEYS_PER_PROGRAM, triton.cdiv(N_k, block_n) * block_n)
     grid = (B * H_kv, triton.cdiv(N_k, keys), triton.cdiv(D, block_d))
     _bad_keys[grid](

@@ -6,13 +6,16 @@ backends, all written to one JSON file.
 
 Usage (repository root, on an sm_90 GPU):
     python3 scripts/hopper/h200_headdims.py --out RESULT.json [--dims 192 256 96 80 40 111]
-        [--budget SECONDS] [--hard SECONDS] [--workers 12]
+        [--budget SECONDS] [--hard SECONDS] [--workers 12] [--no-split 40]
     python3 scripts/hopper/h200_headdims.py --out /tmp/x.json --smoke   (CPU: the script's logic)
 First every kernel and config the run will launch is compiled in --workers processes (Triton's disk
 cache; at most --warm seconds). Then the head dims run in the order given, each in two steps:
 `sweep` (every candidate config of each kernel, timed alone at B = 4, H = 16, N = 4096 bf16,
 non-causal and causal, in each of `modes(d)`) and `compare` (forward and forward + backward:
-impl="auto"; the fastest correct configs of each mode; FLASH; cuDNN; bf16, and fp16 at d = 192). The
+impl="auto"; the fastest correct configs of each mode; below 128, q, k and v zero-padded to the
+Hopper kernels' width of 64 or 128 ("hopper_padded", the path `hopper.dispatch.pad_width` gives
+impl="auto"); FLASH; cuDNN; bf16, and fp16 at d = 192). --no-split skips a head dim's two-chunk
+mode (d = 40's stopped the process with an illegal memory access on the H200). The
 JSON is rewritten after every step; no step starts after --budget seconds and no config or row after
 --hard seconds, so the call ends inside 10 minutes and a run cut short keeps what it measured (what
 it skipped is listed).
@@ -92,10 +95,43 @@ def modes(d):
     chunks; each with dK and dV in one launch and, above width 128, in two
     (`launch.SEPARATE_DKDV_DIMS`)."""
     out = []
-    for sp in (False, True) if chunk_dims(d)[1] else (False,):
+    for sp in (False, True) if chunk_dims(d)[1] and d not in NO_SPLIT else (False,):
         width = sum(chunk_dims(d)) if sp else pad_dim(d)
         out += [(sp, sep) for sep in ((False, True) if width > 128 else (False,))]
     return out
+
+
+NO_SPLIT: set[int] = set()  # --no-split: head dims whose two-chunk mode is not run
+
+
+def hopper_width(d):
+    """The Hopper width (64 or 128) that d pads to for the "hopper_padded" rows, or None."""
+    return 64 if d < 64 else 128 if 64 < d < 128 else None
+
+
+def _padded_hopper(q, k, v, causal):
+    """`flashedu.attention(impl="hopper")` on q, k, v zero-padded to `hopper_width` (the path that
+    impl="auto" takes for a head dim in `hopper.dispatch.PAD_HEAD_DIMS` or off a multiple of 8),
+    o sliced back to d; differentiable."""
+    d = q.shape[-1]
+    w = hopper_width(d)
+    qp, kp, vp = (torch.nn.functional.pad(x, (0, w - d)) for x in (q, k, v))
+    o = flashedu.attention(qp, kp, vp, causal=causal, softmax_scale=d**-0.5, impl="hopper")
+    return o[..., :d]
+
+
+def check_padded_hopper(checker):
+    """(ok, errors) of `_padded_hopper`'s o, dq, dk, dv on the checker's case, by its rule."""
+    c = checker
+    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (c.q, c.k, c.v))
+    o = _padded_hopper(qs, ks, vs, c.causal)
+    outs = (o.detach(), *torch.autograd.grad(o, (qs, ks, vs), c.do))
+    ok, errs = True, {}
+    for n, a, r, sd in zip(("o", "dq", "dk", "dv"), outs, c.ref, c.sdpa_err):
+        e = err(a, r)
+        errs[n] = (e, sd)
+        ok = ok and bool(torch.isfinite(a).all()) and e <= 2 * sd + ulp(r, c.dtype)
+    return ok, errs
 
 
 def variant(sp, sep):
@@ -352,6 +388,18 @@ def compare(res, d, gen):
                                  errors=errs)  # fmt: skip
                     _add(res, name, d, dtype, causal, "fwd", f, **extra)
                     _add(res, name, d, dtype, causal, "fwd_bwd", fb, **extra)
+            if hopper_width(d) and not Deadline.passed():
+                ok, errs = check_padded_hopper(Checker(d, causal, dtype, gen))
+                qh, kh, vh = (x.detach().clone().requires_grad_() for x in (q, k, v))
+
+                def hp_fb():
+                    o = _padded_hopper(qh, kh, vh, causal)
+                    return torch.autograd.grad(o, (qh, kh, vh), do)
+
+                extra = dict(width=hopper_width(d), ok=ok, errors=errs)
+                _add(res, "hopper_padded", d, dtype, causal, "fwd",
+                     lambda: _padded_hopper(q, k, v, causal), **extra)  # fmt: skip
+                _add(res, "hopper_padded", d, dtype, causal, "fwd_bwd", hp_fb, **extra)
             for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                              ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
 
@@ -431,8 +479,9 @@ def summary(res):
     rows = res["rows"]
     keys = sorted({(r["dtype"], r["d"], r["causal"], r["pass"]) for r in rows})
     names = ("flashedu_auto", "fa2_padded", "fa2_padded_sep", "fa2_split", "fa2_split_sep",
-             "sdpa_flash", "sdpa_cudnn")  # fmt: skip
-    print(f"{'case':28s}  auto   pad  pad2 split split2 FLASH cuDNN   (TFLOP/s; 2: dK, dV apart)")
+             "hopper_padded", "sdpa_flash", "sdpa_cudnn")  # fmt: skip
+    print(f"{'case':28s}  auto   pad  pad2 split split2  hpad FLASH cuDNN   (TFLOP/s; 2: dK, dV "
+          "apart; hpad: zero-padded to the Hopper kernels' width)")
     for key in keys:
         got = {r["kernel"]: r["tflops"] for r in rows
                if (r["dtype"], r["d"], r["causal"], r["pass"]) == key}  # fmt: skip
@@ -448,12 +497,15 @@ def main(argv=None):
     ap.add_argument("--hard", type=float, default=540, help="no config or row starts after this")
     ap.add_argument("--workers", type=int, default=12, help="compile processes for the warm-up")
     ap.add_argument("--warm", type=float, default=180, help="warm-up stops after this")
+    ap.add_argument("--no-split", type=int, nargs="*", default=[],
+                    help="head dims whose two-chunk mode is skipped")  # fmt: skip
     smoke = "tiny shapes on CPU (interpreter): checks the script, times nothing"
     ap.add_argument("--smoke", action="store_true", help=smoke)
     a = ap.parse_args(argv)
     if a.smoke:
         global SHAPE, CHECK, DEVICE
         SHAPE, CHECK, DEVICE = (1, 2, 64), (1, 2, 1, 33, 47), "cpu"
+    NO_SPLIT.update(a.no_split)
     t0 = Deadline.start = time.time()
     Deadline.hard = a.hard
     gen = torch.Generator(device=DEVICE)

@@ -58,7 +58,7 @@ def test_a_bfloat16_and_a_float32_output_are_poisoned_in_their_own_dtype():
         assert not torch.isnan(got[0, :, 19]).any()
 
 
-# ---- on a GPU: the compiled kernels, and the forwards that call them ------------------------------
+# ---- on a GPU: the compiled kernels, and the forwards that call them -----------------------------
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
