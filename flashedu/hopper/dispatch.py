@@ -45,10 +45,13 @@ def takes(q, k, v) -> bool:
     return triton_fwd.supports(torch.cuda.get_device_capability(q.device), q.dtype, d)
 
 
-# Head dims (besides those not a multiple of 8) that impl="auto" zero-pads to a Hopper width;
-# empty until measured faster than the FA2 kernels at the head dim itself (h200_headdims.json's
-# "hopper_padded" rows).
-PAD_HEAD_DIMS: frozenset[int] = frozenset()
+# Head dims (besides those not a multiple of 8) that impl="auto" zero-pads to a Hopper width,
+# where that measured faster than the FA2 kernels at the head dim itself and than SDPA's FLASH
+# backend (notebooks/results/h200_headdims_runs/run3.json, "hopper_padded" rows, bf16, B = 4,
+# H = 16, N = 4096: d = 40 padded to 64 ran 222 / 191 TFLOP/s forward / forward + backward against
+# 124 / 101 for the FA2 kernels and 159 / 152 for FLASH). At d = 80 and 96 the two-chunk FA2
+# kernels measured faster than the padded Hopper path, so those stay unpadded.
+PAD_HEAD_DIMS: frozenset[int] = frozenset({40})
 
 
 def pad_width(q, k, v) -> int | None:

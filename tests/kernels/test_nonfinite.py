@@ -13,11 +13,15 @@ from flashedu.kernels import nonfinite
 
 
 def _case(B, H, H_kv, N_q, N_k, d, bad, dtype=torch.float16, seed=0):
+    """o and v with the given non-finite entries in v; o's last row is NaN in each bad column of
+    every head of the group, as a forward makes it (that row sees every key but a left edge's)."""
     g = torch.Generator().manual_seed(seed)
     o = torch.randn(B, H, N_q, d, generator=g).to(dtype)
     v = torch.randn(B, H_kv, N_k, d, generator=g).to(dtype)
+    G = H // H_kv
     for b, h, j, c, x in bad:
         v[b, h, j, c] = x
+        o[b, h * G : (h + 1) * G, N_q - 1, c] = float("nan")
     return o, v
 
 
@@ -50,12 +54,21 @@ def test_finite_values_leave_o_as_it_was_and_unbounded_masks_skip_the_kernels():
     assert nonfinite.poison_hidden_values(o2, v2, 8, -1, -1) is o2
 
 
+def test_without_a_left_edge_a_finite_last_row_means_no_v_is_read():
+    """The last row sees every key, so a forward that left it finite saw no bad v: the scan
+    stops there (a NaN planted in v behind a finite last row is not looked for)."""
+    o, v = _case(1, 2, 1, 20, 20, 32, [])
+    v[0, 0, 19, 5] = float("nan")
+    assert torch.equal(nonfinite.poison_hidden_values(o.clone(), v, 20, -1, 0), o)
+    assert torch.isnan(nonfinite.poison_hidden_values(o.clone(), v, 20, 3, 0)).any()  # left edge
+
+
 def test_a_bfloat16_and_a_float32_output_are_poisoned_in_their_own_dtype():
     for dtype in (torch.bfloat16, torch.float32):
         o, v = _case(1, 2, 1, 20, 20, 32, [(0, 0, 19, 31, float("nan"))], dtype=dtype)
         got = nonfinite.poison_hidden_values(o.clone(), v, 20, -1, 0)
         assert got.dtype == dtype and torch.isnan(got[0, :, :19, 31]).all()
-        assert not torch.isnan(got[0, :, 19]).any()
+        assert not torch.isnan(got[0, :, 19, :31]).any()
 
 
 # ---- on a GPU: the compiled kernels, and the forwards that call them -----------------------------
