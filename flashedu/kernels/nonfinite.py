@@ -92,6 +92,8 @@ def _poison_rows(
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     first = tl.load(BAD + kv * D + cols, mask=cols < D, other=N_k)
     last = N_k - 1 - tl.load(BAD + stride_bad + kv * D + cols, mask=cols < D, other=N_k)
+    if tl.sum((last >= 0).to(tl.int32), axis=0) == 0:  # no bad key in these columns: nothing to do
+        return
     diag = rows[:, None] + (N_k - N_q)  # the key level with each row
     hidden = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.int1)
     if HAS_RIGHT:
