@@ -296,13 +296,18 @@ def _block_n(block_n, page_size, name):
     return block_n
 
 
-def auto_splits(B: int, H_kv: int, longest: int, block_n: int, device) -> int:
-    """Enough programs to fill the GPU (about 4 per SM), never a split shorter than 256 keys
-    (or one block): how many splits `forward` uses when num_splits is None."""
+PROGRAMS_PER_SM = 4  # split programs `auto_splits` aims at per SM
+
+
+def auto_splits(
+    B: int, H_kv: int, longest: int, block_n: int, device, per_sm: int = PROGRAMS_PER_SM
+) -> int:
+    """Enough programs to fill the GPU (about `per_sm` per SM), never a split shorter than 256
+    keys (or one block): how many splits `forward` uses when num_splits is None."""
     sms = 4
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-4 * sms // (B * H_kv))
+    want = -(-per_sm * sms // (B * H_kv))
     return max(1, min(want, -(-longest // max(256, block_n))))
 
 

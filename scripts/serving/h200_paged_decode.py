@@ -18,9 +18,12 @@ H_kv = 8, d = 128, N_q = 1, every sequence ctx keys long, the block table a rand
 the pool, validated once (`kernels.paged.plan` reads the table on the host) and the split and
 combine kernels timed alone. GB/s is `traffic.paged_decode_bytes` (the bytes the kernels must move:
 the whole cache once, the partial states, q, o) over the median time; SDPA's is the bytes of q, K,
-V and o. A config whose tensors would not fit in 60 % of the GPU's memory is skipped and listed.
+V and o. On a GPU each step is also timed replayed from a CUDA graph (`ms_graph`, as a server runs
+its decode step: no host launch overhead), SDPA's too, and the paged step again with twice the
+programs per SM (`num_splits_x2`, `ms_graph_x2`; `kernels.paged.PROGRAMS_PER_SM` is the default).
+A config whose tensors would not fit in 60 % of the GPU's memory is skipped and listed.
 The JSON is rewritten after each phase; no timed config starts after --budget seconds. Sized to
-finish within 6 minutes on an H200 (not yet run there).
+finish within 6 minutes on an H200 (the first run took 27 s; notebooks/results/GPU_NOTES.md).
 """
 
 from __future__ import annotations
@@ -164,6 +167,19 @@ def timer(device):
     return cpu
 
 
+def bench_graph(bench, fn):
+    """fn captured once in a CUDA graph (after a warm call on a side stream), its replay timed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench(graph.replay)
+
+
 def hbm_bandwidth(device, bench, small):
     n = (1 << 20) if small else (4 << 30)
     src = torch.empty(n, dtype=torch.uint8, device=device)
@@ -195,17 +211,42 @@ def timed(cfg, dtype, device, gen, bench, bw, fa):
     plan = paged.plan(q, kc, vc, table, lens, False, None, None, splits, block_n, "benchmark")
     ms = bench(lambda: paged.combine(*paged.split_states(q, kc, vc, table, lens, plan),
                                      dtype=q.dtype))  # fmt: skip
+    extra = {}
+    if device.type == "cuda":
+        # the same step replayed from a CUDA graph, as a server runs its decode step: the GPU's
+        # time without the host's launch overhead
+        extra["ms_graph"] = bench_graph(
+            bench, lambda: paged.combine(*paged.split_states(q, kc, vc, table, lens, plan),
+                                         dtype=q.dtype))  # fmt: skip
+        # twice the programs per SM (paged.PROGRAMS_PER_SM is the default)
+        more = paged.auto_splits(B, h_kv, ctx, block_n, device, 2 * paged.PROGRAMS_PER_SM)
+        plan2 = paged.plan(q, kc, vc, table, lens, False, None, None, more, block_n, "benchmark")
+        extra["num_splits_x2"] = more
+        extra["ms_graph_x2"] = bench_graph(
+            bench, lambda: paged.combine(*paged.split_states(q, kc, vc, table, lens, plan2),
+                                         dtype=q.dtype))  # fmt: skip
     model = traffic.paged_decode_bytes([ctx] * B, H=h, H_kv=h_kv, N_q=1, d=d, block_n=block_n,
                                        num_splits=splits, itemsize=q.element_size())  # fmt: skip
     row = dict(cfg, H=h, H_kv=h_kv, d=d, num_splits=splits, block_n=block_n, ms=ms,
                tokens_per_s=B / (ms * 1e-3), bytes=model.total_bytes,
-               gbs=model.total_bytes / ms / 1e6)  # fmt: skip
+               gbs=model.total_bytes / ms / 1e6, **extra)  # fmt: skip
     row["frac_measured_hbm"] = row["gbs"] / bw["gbs"]
+    if "ms_graph" in row:
+        row["gbs_graph"] = model.total_bytes / row["ms_graph"] / 1e6
+        row["frac_measured_hbm_graph"] = row["gbs_graph"] / bw["gbs"]
+        model2 = traffic.paged_decode_bytes([ctx] * B, H=h, H_kv=h_kv, N_q=1, d=d,
+                                            block_n=block_n, num_splits=row["num_splits_x2"],
+                                            itemsize=q.element_size())  # fmt: skip
+        row["gbs_graph_x2"] = model2.total_bytes / row["ms_graph_x2"] / 1e6
     row["frac_spec_hbm"] = row["gbs"] / 4800.0
     sdpa_bytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size()
     try:
         row["sdpa_ms"] = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
         row["sdpa_gbs"] = sdpa_bytes / row["sdpa_ms"] / 1e6
+        if device.type == "cuda":
+            row["sdpa_ms_graph"] = bench_graph(
+                bench, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            )
     except Exception as e:  # recorded, not fatal: the paged row stands on its own
         row["sdpa_error"] = f"{type(e).__name__}: {e}"[:300]
     if fa is not None and ps % 256 == 0:  # flash-attn's paged cache takes pages of 256k keys
@@ -263,7 +304,10 @@ def main(argv=None) -> int:
         row = timed(cfg, dtype, device, gen, bench, res["hbm"], fa)
         res["rows"].append(row)
         print(f"B={B:3d} ctx={ctx:6d} paged {row['ms']:.3f} ms {row['gbs']:7.0f} GB/s "
-              f"({row['frac_measured_hbm']:.0%} of the copy) sdpa {row.get('sdpa_ms', -1):.3f} ms",
+              f"({row['frac_measured_hbm']:.0%} of the copy) sdpa {row.get('sdpa_ms', -1):.3f} ms"
+              + (f" | graph: paged {row['ms_graph']:.3f} ms {row['frac_measured_hbm_graph']:.0%}, "
+                 f"x2 splits ({row['num_splits_x2']}) {row['ms_graph_x2']:.3f} ms, sdpa "
+                 f"{row.get('sdpa_ms_graph', -1):.3f} ms" if "ms_graph" in row else ""),
               flush=True)  # fmt: skip
         save()
         if device.type == "cuda":
