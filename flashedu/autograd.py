@@ -43,7 +43,7 @@ import torch
 from ._env import TritonUnavailable, is_triton_missing
 from .dtypes import dtype_name
 from .registry import IMPLEMENTATIONS, Implementation
-from .validation import check_sinks
+from .validation import check_sinks, lse_from_forward
 
 # keyword -> the registry feature an implementation needs to accept it
 _FEATURES = {"window_size": "window", "alibi_slopes": "alibi", "score_mod": "score_mod"}
@@ -173,7 +173,8 @@ class FlashAttentionBackward(torch.autograd.Function):
     def forward(do, q, k, v, o, lse, impl_name, causal, softmax_scale, extras):
         impl = IMPLEMENTATIONS[impl_name]
         kwargs = dict(extras, causal=causal, softmax_scale=softmax_scale)
-        return _call(impl, impl.backward, (do.contiguous(), q, k, v, o, lse), kwargs)
+        with lse_from_forward():  # lse is the forward's own: no host sync to scan it on a GPU
+            return _call(impl, impl.backward, (do.contiguous(), q, k, v, o, lse), kwargs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -558,3 +558,30 @@ def generate(model, prompts, max_new_tokens, *, cache, generator=None, greedy=Fa
                     for layer_cache in caches:
                         layer_cache.free(s)
     return tokens, caches, [torch.stack(x) for x in logits]
+
+
+def decode_table(result: dict) -> str:
+    """The H200 decode benchmark (`notebooks/results/h200_paged_decode.json`, written by
+    scripts/serving/h200_paged_decode.py) as a table: per batch and context, the paged step's time
+    replayed from a CUDA graph, its bytes over that time against the copy bandwidth measured in the
+    same run, the same with twice the split programs, SDPA on the same keys held contiguously
+    (graph replay), and the paged step launched from Python (host launch overhead included).
+    Nothing here measures; every number comes from the file. Under 100 columns.
+
+    Introduced in notebooks/12_serving.ipynb.
+    """
+    copy = result["hbm"]["gbs"]
+    lines = [
+        f"{'B':>3}{'keys':>8}{'splits':>7}{'paged us':>10}{'of copy':>9}{'splits':>8}"
+        f"{'us':>7}{'SDPA us':>9}{'launched us':>13}"
+    ]
+    for r in result["rows"]:
+        if "ms_graph" not in r:
+            continue
+        x2 = r["ms_graph_x2"] * 1e3
+        lines.append(
+            f"{r['B']:>3}{r['ctx']:>8}{r['num_splits']:>7}{r['ms_graph'] * 1e3:>10.0f}"
+            f"{r['gbs_graph'] / copy:>9.0%}{r['num_splits_x2']:>8}{x2:>7.0f}"
+            f"{r.get('sdpa_ms_graph', float('nan')) * 1e3:>9.0f}{r['ms'] * 1e3:>13.0f}"
+        )
+    return "\n".join(lines)

@@ -240,3 +240,17 @@ def test_sinks_are_one_float_per_query_head():
         validation.check_sinks(torch.zeros(3, dtype=torch.int32), 3)
     with pytest.raises(ValueError, match="sinks must be finite or -inf"):
         validation.check_sinks(np.array([0.0, np.nan]), 2)
+
+
+def test_the_lse_scan_is_skipped_only_for_a_cuda_lse_handed_over_by_autograd():
+    """Inside `lse_from_forward` (autograd's backward) a CUDA lse is not scanned for NaN / +inf,
+    to keep a host sync out of the backward; a CPU lse still is, and so is any lse outside it."""
+    from flashedu import validation
+
+    q = torch.zeros(1, 1, 3, 4)
+    lse = torch.tensor([[[0.0, float("nan"), 1.0]]])
+    with pytest.raises(ValueError, match="lse has 1 NaN"):
+        validation.check_backward(q, q, lse, q)
+    with validation.lse_from_forward(), pytest.raises(ValueError, match="lse has 1 NaN"):
+        validation.check_backward(q, q, lse, q)  # on the CPU the scan costs no sync: kept
+    assert not getattr(validation._trust, "lse", False)  # the flag does not outlive the block

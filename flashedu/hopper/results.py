@@ -154,3 +154,68 @@ def ladder_table(result: dict) -> str:
     for miss in result.get("ladder_not_built", []):
         lines.append(f"  not built - {miss['step']}: {miss['why']}"[:99])
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Head dims other than 64 and 128: notebooks/results/h200_headdims.json
+# (scripts/hopper/h200_headdims.py, merged by scripts/hopper/merge_headdims.py)
+# ------------------------------------------------------------------------------------------------
+HEADDIMS_RESULTS = RESULTS.parent / "h200_headdims.json"
+# the columns of `headdims_table`: the row kernels each shows (the faster of several)
+HEADDIM_COLUMNS = (
+    ("auto", ("flashedu_auto",)),
+    ("padded", ("fa2_padded", "fa2_padded_sep")),
+    ("2 chunks", ("fa2_split", "fa2_split_sep")),
+    ("Hopper", ("hopper_padded",)),
+    ("FLASH", ("sdpa_flash",)),
+    ("cuDNN", ("sdpa_cudnn",)),
+)
+
+
+def load_headdims(path: str | Path | None = None) -> dict | None:
+    """The head-dim results (`runs`, `head_dims`: the run each head dim's rows come from, `sweep`,
+    `best`, `rows`), or None if the file is absent.
+
+    Introduced in notebooks/11_hopper.ipynb.
+    """
+    p = Path(path) if path is not None else HEADDIMS_RESULTS
+    if not p.exists():
+        return None
+    data = json.loads(p.read_text())
+    missing = [k for k in ("runs", "head_dims", "rows") if k not in data]
+    if missing:
+        raise ValueError(f"{p.name}: not a head-dim results file, it lacks {', '.join(missing)}")
+    return data
+
+
+def headdims_table(result: dict, dtype: str = "bf16") -> str:
+    """TFLOP/s by head dim, mask and pass: impl="auto" as the library ran in that run; the FA2
+    kernels with the head dim padded to a power of two and in two chunks (each with its fastest
+    swept configs, dK/dV in one launch or two, whichever was faster); q, k, v zero-padded to the
+    Hopper kernels' width; SDPA's FLASH and cuDNN backends; auto's ratio to each. One run per head
+    dim (the `run` column), so each line compares kernels measured side by side. Under 100 columns.
+
+    Introduced in notebooks/11_hopper.ipynb.
+    """
+    rows = [r for r in result["rows"] if r["dtype"] == dtype]
+    rate: dict = {}
+    for r in rows:
+        if r.get("ok", True) is False or not r["tflops"] == r["tflops"]:
+            continue  # a row that failed its check, or that did not run, is not shown
+        key = (r["d"], r["causal"], r["pass"], r["kernel"])
+        rate[key] = max(rate.get(key, 0.0), r["tflops"])
+    head = f"{'d':>4} {'mask':<7}{'pass':<8}" + "".join(f"{c:>9}" for c, _ in HEADDIM_COLUMNS)
+    lines = [head + f"{'/ FLASH':>8}{'/ cuDNN':>8}{'run':>4}"]
+    for d, causal, pass_ in sorted({(r["d"], r["causal"], r["pass"]) for r in rows}):
+        cells = []
+        for _, kernels in HEADDIM_COLUMNS:
+            got = [rate[(d, causal, pass_, k)] for k in kernels if (d, causal, pass_, k) in rate]
+            cells.append(max(got) if got else None)
+        auto, flash, cudnn = cells[0], cells[4], cells[5]
+        ratios = [f"{auto / x:8.2f}" if auto and x else f"{'-':>8}" for x in (flash, cudnn)]
+        mask = "causal" if causal else "-"
+        line = f"{d:>4} {mask:<7}{pass_:<8}" + "".join(
+            f"{c:9.0f}" if c is not None else f"{'-':>9}" for c in cells
+        )
+        lines.append(line + "".join(ratios) + f"{result['head_dims'].get(str(d), '?'):>4}")
+    return "\n".join(lines)

@@ -167,6 +167,12 @@ def timer(device):
     return cpu
 
 
+def PROGRAMS_PER_SM():  # noqa: N802  (the constant's name, read where the kernels are imported)
+    from flashedu.kernels import paged
+
+    return paged.PROGRAMS_PER_SM
+
+
 def bench_graph(bench, fn):
     """fn captured once in a CUDA graph (after a warm call on a side stream), its replay timed."""
     stream = torch.cuda.Stream()
@@ -273,7 +279,8 @@ def main(argv=None) -> int:
         gpu=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
         python=platform.python_version(), command=" ".join(["python3"] + sys.argv),
-        dry_run=small, flash_attn=fa_why or "imported", rows=[], skipped=[],
+        dry_run=small, flash_attn=fa_why or "imported", programs_per_sm=PROGRAMS_PER_SM(),
+        rows=[], skipped=[],
     )  # fmt: skip
 
     def save():
