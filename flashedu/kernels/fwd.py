@@ -23,8 +23,10 @@ from 1 to 256 and a value head dim d_v of its own (tiles padded to a power of tw
 and fp32 inputs (fp32 dots in full IEEE precision, not tf32), fp32 accumulation.
 Limits: no dropout; the last dimension must be contiguous (other strides are free; a tensor whose
 last dimension is strided is copied once); a padded head dim computes on the padded width (d = 80
-costs what d = 128 does) unless it runs in two chunks (`launch.SPLIT_HEAD_DIMS`, empty until
-measured: 192 = 128 + 64 does three quarters of the padded matmul work); under the interpreter bf16
+costs what d = 128 does) unless it runs in two chunks (`launch.SPLIT_HEAD_DIMS`: 80, 96 and 192,
+where the H200 measured it faster; 192 = 128 + 64 does three quarters of the padded matmul work);
+`flashedu.attention(impl="auto")` zero-pads some head dims to the Hopper kernels' width instead
+(`hopper.dispatch.pad_width`); under the interpreter bf16
 tiles are upcast to fp32 before `tl.dot` (the interpreter's bf16 dot is wrong), so CPU runs are
 slightly more exact than the GPU for bf16.
 
