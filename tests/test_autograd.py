@@ -213,3 +213,20 @@ def test_torch_compile_fullgraph_traces_forward_and_backward(make_qkv):
     o.backward(do)
     for t, g in zip((q, k, v), reference.backward(do, q, k, v, causal=True)):
         assert_close(t.grad, g, "float32", grad=True)
+
+
+def test_the_functions_keep_their_signature_so_apply_binds_without_recomputing_it():
+    """torch's Function.apply calls inspect.signature(forward) each call; the signature kept on
+    forward (computed once at import) is the one inspect would compute."""
+    import inspect
+
+    from flashedu import autograd
+
+    for fn in (autograd.FlashAttention, autograd.FlashAttentionBackward,
+               autograd.FlashAttentionWithSinks):  # fmt: skip
+        kept = fn.forward.__signature__
+        del fn.forward.__signature__
+        try:
+            assert inspect.signature(fn.forward) == kept
+        finally:
+            fn.forward.__signature__ = kept

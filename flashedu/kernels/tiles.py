@@ -29,9 +29,15 @@ import triton.language as tl
 MAX_HEAD_DIM = 256
 
 
+def _next_power_of_2(n: int) -> int:
+    """triton.next_power_of_2 in plain Python: these run on the host at every call, where Triton's
+    own (a constexpr function in Triton 3.7) costs microseconds a call."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def pad_dim(d: int) -> int:
     """The tile width for head dim d: the next power of two, at least 16 (a GPU tl.dot needs 16)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, _next_power_of_2(d))
 
 
 def chunk_dims(d: int) -> tuple[int, int]:
@@ -39,7 +45,7 @@ def chunk_dims(d: int) -> tuple[int, int]:
     (pad_dim(d), 0) where two chunks cover no fewer columns than one padded tile (d a power of
     two, or d = 111: 64 + 64 = 128). The first chunk is the largest power of two <= d, so only
     the second needs a column mask."""
-    first = max(16, triton.next_power_of_2(d + 1) // 2)
+    first = max(16, _next_power_of_2(d + 1) // 2)
     second = pad_dim(d - first) if d > first else 0
     if second == 0 or first + second >= pad_dim(d):
         return pad_dim(d), 0

@@ -140,3 +140,12 @@ def test_autotune_tables_give_untuned_head_dims_their_width_s_first_entry(d, d_v
             assert got == listed[:1]
         flags.update(HAS_MOD=True)
         assert len(tl_._prune(table)(configs, {"Q": q}, **flags)) == 1
+
+
+def test_the_host_power_of_two_is_tritons():
+    """`tiles._next_power_of_2` replaces triton.next_power_of_2 on the host path of every call."""
+    import triton
+
+    from flashedu.kernels import tiles
+
+    assert all(tiles._next_power_of_2(n) == triton.next_power_of_2(n) for n in range(1, 4097))
