@@ -446,9 +446,9 @@ def dkdv_table(d, wide):
         return [(64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2)]
     if d == 128:
         return [(32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2)]
-    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles, fastest first by the
-    # H200 sweep (h200_headdims.json, non-causal + causal: 3.43 ms at d = 96 against 8.97 for
-    # (32, 64, 8, 2); 12.45 ms at d = 192 against 17.96 for (16, 64, 8, 3))
+    # two-chunk widths, as in `fwd.fwd_table`: tiles that fit shared memory on sm_90a, fastest first
+    # by the H200 sweep (h200_headdims.json, non-causal + causal: 3.44 ms at d = 96 against 8.98
+    # for (32, 64, 8, 2); 12.46 ms at d = 192 against 17.84 for (16, 64, 8, 3))
     if d < 128:
         return [(32, 64, 4, 2), (32, 128, 8, 2), (32, 64, 8, 2)]
     if d <= 192:
@@ -468,16 +468,16 @@ def dq_table(d, wide):
         return [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
     if d == 128:
         return [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
-    # two-chunk widths, as in `fwd.fwd_table`: spill-free sm_90a compiles, fastest first by the
-    # H200 sweep (h200_headdims.json, non-causal + causal: 1.64 ms at d = 80 against 1.83 for
-    # (128, 64, 8, 3); 3.55 ms at d = 192 against 4.61 for (128, 32, 8, 2))
+    # two-chunk widths, as in `fwd.fwd_table`: tiles that fit shared memory on sm_90a, fastest first
+    # by the H200 sweep (h200_headdims.json, non-causal + causal: 1.71 ms at d = 80 against 1.87
+    # for (128, 64, 8, 3); 3.55 ms at d = 192 against 4.67 for (128, 32, 8, 2))
     if d < 128:
         return [(64, 32, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2)]
     if d <= 192:
         return [(128, 64, 8, 2), (128, 32, 8, 3), (128, 32, 8, 2)]
     # d 129-256 padded: run 4's fastest tile (GPU_NOTES.md, "Gluon backward": 3.39 ms at d = 192
     # against 9.04 for the former (32, 32, 4, 2)) with three stages, measured faster at d = 256
-    # (h200_headdims.json: 2.96 / 1.67 ms non-causal / causal against 3.83 / 2.07 with two)
+    # (h200_headdims.json: 2.91 / 1.65 ms non-causal / causal against 3.86 / 2.07 with two)
     return [(128, 32, 8, 3), (128, 32, 8, 2)]
 
 
@@ -488,8 +488,8 @@ def dkdv_parts_table(d, wide):
     (32, 128, 8, 2) sm_90a compiles of d = 192 in two chunks spill nothing but the causal dK
     launch (116 B), d = 256 padded 0-232 B, against 136-280 B for the fused (32, 64, 8, 2)
     (notebooks/results/sm90_compile_headdims.json). Timed on the H200 (h200_headdims.json,
-    non-causal + causal): 8.44 ms at d = 192 in two chunks and 10.40 at d = 256 padded, against
-    9.22 and 11.36 for (64, 128, 8, 1)."""
+    non-causal + causal): 8.50 ms at d = 192 in two chunks and 10.47 at d = 256 padded, against
+    9.35 and 11.45 for (64, 128, 8, 1)."""
     if wide or d <= 128:
         return dkdv_table(d, wide)
     return [(32, 128, 8, 2), (32, 64, 8, 2), (64, 128, 8, 1)]

@@ -250,11 +250,10 @@ def fwd_table(d, wide):
     if d == 128:
         return [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4)]
     # Two-chunk widths (launch.SPLIT_HEAD_DIMS; 80 = 64 + 16, 96 = 64 + 32, 144-192 = 128 + 16-64):
-    # tiles that compile for sm_90a without a spill and within shared memory
-    # (scripts/hopper/compile_fa2.py, GPU_NOTES.md "Head dims in two chunks"), fastest first by
-    # the H200 sweep (notebooks/results/h200_headdims.json: at d = 96, 1.01 / 1.26 ms non-causal /
-    # causal against 1.08 / 1.26 for (128, 64, 8, 3); at d = 192, 1.69 / 2.12 against 1.79 / 2.31
-    # for (128, 64, 8, 2)).
+    # tiles that fit shared memory on sm_90a (scripts/hopper/compile_fa2.py, GPU_NOTES.md "Head
+    # dims in two chunks"), fastest first by the H200 sweep (notebooks/results/h200_headdims.json:
+    # at d = 96, 1.01 / 0.63 ms non-causal / causal against 1.08 / 0.63 for (128, 64, 8, 3); at
+    # d = 192, 1.66 / 1.11 against 1.81 / 1.31 for (128, 64, 8, 2)).
     if d < 128:
         return [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 2)]
     if d <= 192:

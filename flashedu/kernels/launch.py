@@ -33,17 +33,17 @@ HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # any head dim; the tiles are padded to 
 # Head dims held in two chunks (`tiles.chunk_dims`: 192 = 128 + 64) instead of one padded tile:
 # those where two chunks measured faster than one padded tile on the H200, forward and
 # forward + backward, causal and not (notebooks/results/h200_headdims.json, written by
-# scripts/hopper/h200_headdims.py: at d = 192, 485 against 412 TFLOP/s forward and, with
-# SEPARATE_DKDV_DIMS, 311 against 192 forward + backward). d = 40 (32 + 16) is left out: its
-# two-chunk kernels stopped on an illegal memory access there (GPU_NOTES.md, "Head dims"); d = 111
-# (64 + 64) would gain no columns.
+# scripts/hopper/h200_headdims.py: at d = 192, bf16, non-causal, 488 against 407 TFLOP/s forward
+# and, with SEPARATE_DKDV_DIMS, 308 against 202 forward + backward). d = 40 (32 + 16) is left
+# out: its two-chunk kernels stopped on an illegal memory access there (GPU_NOTES.md, "Head-dim
+# runs"); d = 111 (64 + 64) would gain no columns.
 SPLIT_HEAD_DIMS: frozenset[int] = frozenset({80, 96, 192})
 # Head dims whose dK and dV come from two launches of the dK/dV kernel, dV alone then dK alone, each
 # with one float32 accumulator instead of two, so that a program can own 128 keys at widths where
 # the fused kernel spills (`bwd.dkdv_parts_table`): one more block matmul per tile pair (S is
 # recomputed), better-shaped ones. Measured faster at both widths above 128 that were timed
-# (h200_headdims.json: the dK/dV kernel 5.58 against 8.08 ms at d = 192 in two chunks, 6.82
-# against 10.35 ms at d = 256, bf16, non-causal).
+# (h200_headdims.json: the dK/dV kernel 5.63 against 8.12 ms at d = 192 in two chunks, 6.41
+# against 10.59 ms at d = 256, bf16, non-causal).
 SEPARATE_DKDV_DIMS: frozenset[int] = frozenset({192, 256})
 # the widths the tables are keyed on: pad_dim of every head dim, and the two-chunk sums
 TILE_WIDTHS = tuple(

@@ -4,7 +4,7 @@ A kernel that skips the key blocks a row cannot see never multiplies their zeros
 an infinity in a skipped v[j, c] would not reach the rows the reference makes NaN (0 x NaN = NaN in
 o = P @ V). The torch version restores them with a dozen elementwise passes over int64 index
 tensors the size of v and o; on an H200 at B = 4, H = 16, N = 4096, d = 96 that cost 0.6 ms,
-about as much as the causal forward it follows (notebooks/results/GPU_NOTES.md, "Head dims").
+about as much as the causal forward it follows (notebooks/results/GPU_NOTES.md, "Head-dim runs").
 Here:
 
 1. `_bad_keys`: programs over (batch x K/V head, block of keys) find, per column, the first
