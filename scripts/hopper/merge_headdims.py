@@ -6,7 +6,7 @@ run, so every ratio the chapter prints is between kernels measured side by side.
 
 Usage (repository root, no GPU needed): python3 scripts/hopper/merge_headdims.py [RUN ...]
 (default: runs 2, 3 and 4; run 1 predates the fix of the non-finite rule's cost and is kept for
-the record only, notebooks/results/GPU_NOTES.md "Head dims").
+the record only, notebooks/results/GPU_NOTES.md "Head-dim runs").
 """
 
 from __future__ import annotations
