@@ -25,13 +25,19 @@ def load_results(path: str | Path | None = None) -> dict | None:
 
     Introduced in notebooks/11_hopper.ipynb.
     """
-    p = Path(path) if path is not None else RESULTS
+    return _load(path, RESULTS, ("rows", "steps", "matmul_tflops"), "Hopper results")
+
+
+def _load(path, default: Path, keys: tuple[str, ...], what: str) -> dict | None:
+    """The JSON at path (default: `default`), or None if it is absent; a file without every key
+    in `keys` is a ValueError that names what it lacks."""
+    p = Path(path) if path is not None else default
     if not p.exists():
         return None
     data = json.loads(p.read_text())
-    missing = [k for k in ("rows", "steps", "matmul_tflops") if k not in data]
+    missing = [k for k in keys if k not in data]
     if missing:
-        raise ValueError(f"{p.name}: not a Hopper results file, it lacks {', '.join(missing)}")
+        raise ValueError(f"{p.name}: not a {what} file, it lacks {', '.join(missing)}")
     return data
 
 
@@ -115,14 +121,8 @@ def load_backward(path: str | Path | None = None) -> dict | None:
 
     Introduced in notebooks/11_hopper.ipynb.
     """
-    p = Path(path) if path is not None else BACKWARD_RESULTS
-    if not p.exists():
-        return None
-    data = json.loads(p.read_text())
-    missing = [k for k in ("ladder", "correctness", "matmul_bf16_tflops") if k not in data]
-    if missing:
-        raise ValueError(f"{p.name}: not a backward results file, it lacks {', '.join(missing)}")
-    return data
+    return _load(path, BACKWARD_RESULTS, ("ladder", "correctness", "matmul_bf16_tflops"),
+                 "backward results")  # fmt: skip
 
 
 def ladder_table(result: dict) -> str:
@@ -178,14 +178,7 @@ def load_headdims(path: str | Path | None = None) -> dict | None:
 
     Introduced in notebooks/11_hopper.ipynb.
     """
-    p = Path(path) if path is not None else HEADDIMS_RESULTS
-    if not p.exists():
-        return None
-    data = json.loads(p.read_text())
-    missing = [k for k in ("runs", "head_dims", "rows") if k not in data]
-    if missing:
-        raise ValueError(f"{p.name}: not a head-dim results file, it lacks {', '.join(missing)}")
-    return data
+    return _load(path, HEADDIMS_RESULTS, ("runs", "head_dims", "rows"), "head-dim results")
 
 
 def headdims_table(result: dict, dtype: str = "bf16") -> str:
