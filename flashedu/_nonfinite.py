@@ -8,8 +8,9 @@ scores it enters, in every implementation alike. Kernels that skip the K/V block
 see never multiply those zeros by v, so they would keep such rows finite: `poison_hidden_values`
 restores the reference's answer after the kernel, with O(N d) elementwise work beside the kernel's
 O(N^2 d), and leaves the kernels themselves as they are. On a GPU that work is two small Triton
-kernels (`flashedu.kernels.nonfinite`: one read of v, no host sync); the torch version below, a
-dozen passes over index tensors the size of v and o, cost as much as a causal forward on the H200.
+kernels (`flashedu.kernels.nonfinite`: one row of o when there is no left window edge, else one
+read of v; no host sync); the torch version below, a dozen passes over index tensors the size of v
+and o, cost as much as a causal forward on the H200.
 
 Used by `flashedu.tiled.forward` (NumPy, `poison_hidden_values_np`),
 `flashedu.torch_tiled.forward`, `flashedu.kernels.forward` and the Hopper kernels' dispatch

@@ -59,7 +59,7 @@ def pad_width(q, k, v) -> int | None:
     q, k and v to before taking this entry, or None. Padded where one head dim d serves q, k and v
     and either d is not a multiple of 8 (a row of d fp16/bf16 elements is then not 16-byte
     aligned, so the FA2 kernels load it in pieces; SDPA's FLASH backend pads such a d too) or d is
-    in PAD_HEAD_DIMS, and the Hopper forward runs at the padded width on this GPU (`preferred`).
+    in PAD_HEAD_DIMS, and the Hopper forward runs at the padded width on this GPU.
     Zero columns leave q k^T unchanged and give zero output columns, which are sliced off; the
     softmax scale stays 1 / sqrt(d)."""
     if not all(isinstance(x, torch.Tensor) and x.ndim == 4 for x in (q, k, v)):
